@@ -1,0 +1,158 @@
+"""Command line: ``mainspring simulate`` (and, later, serve, worker, profile, zoo)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from mainspring.models.profile import ModelProfile, builtin_profiles, load_profiles, model_copies
+from mainspring.scheduler.registry import DEFAULT_POLICY, parse_policies, policy_names
+from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
+from mainspring.telemetry.report import format_table
+from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
+from mainspring.worker.pages import MIB
+from mainspring.worker.runtimes.emulated import NoiseModel
+from mainspring.workload import Arrival, AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, SloSweep, Workload
+
+WORKLOADS = ("azure", "poisson", "bursty", "closed", "slo-sweep")
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser("simulate", help="replay a workload on emulated devices, policies side by side")
+    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"comma-separated policies ({', '.join(policy_names())})")
+    p.add_argument("--devices", type=int, default=6, help="emulated devices (default 6)")
+    p.add_argument("--models", type=int, default=4026, help="model copies of the profiles (default 4026)")
+    p.add_argument("--profiles", type=Path, help="profile file (default: Clockwork's V100 profiles)")
+    p.add_argument("--workload", default="azure", help=f"one of {', '.join(WORKLOADS)} (default azure)")
+    p.add_argument("--trace", type=Path, help="Azure Functions trace CSV (default: the bundled sample)")
+    p.add_argument("--trace-scale", type=float, default=1.0, help="multiply trace invocations (default 1)")
+    p.add_argument("--trace-start-minute", type=int, default=0, help="first minute of the trace to replay")
+    p.add_argument("--rate", type=float, default=1000.0, help="requests/s (poisson, slo-sweep; per model for bursty)")
+    p.add_argument("--popularity", default="uniform", help="uniform or zipf (poisson, slo-sweep)")
+    p.add_argument("--clients", type=int, default=16, help="closed loop: clients")
+    p.add_argument("--outstanding", type=int, default=1, help="closed loop: requests in flight per client")
+    p.add_argument("--sweep-growth", type=float, default=1.5, help="slo-sweep: SLO factor growth per step")
+    p.add_argument("--sweep-interval-s", type=float, default=10.0, help="slo-sweep: seconds per step")
+    p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals (default 60)")
+    p.add_argument("--slo-ms", type=float, default=100.0, help="default SLO (default 100 ms)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--noise", choices=("default", "exact"), default="default", help="duration noise model")
+    p.add_argument("--device-memory-gib", type=float, default=32.0, help="weight pool per device (default 32)")
+    p.add_argument("--page-mib", type=int, default=16, help="page size (default 16 MiB)")
+    p.add_argument("--json", type=Path, help="write the results as JSON here")
+    p.add_argument("--plot", type=Path, help="write PNG plots into this folder")
+    p.add_argument("--log-dir", type=Path, help="write request and action logs (TSV) into this folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mainspring", description="Predictable DNN model serving.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_simulate(commands)
+    return parser
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    name = args.workload
+    if name == "azure":
+        if args.trace is not None and not args.trace.is_file():
+            raise CliError(f"trace file {args.trace} does not exist")
+        return AzureTrace(args.trace, args.trace_scale, args.trace_start_minute)
+    if name == "poisson":
+        return PoissonOpenLoop(args.rate, args.popularity)
+    if name == "bursty":
+        return BurstyOnOff(args.rate)
+    if name == "closed":
+        return ClosedLoop(args.clients, args.outstanding)
+    if name == "slo-sweep":
+        return SloSweep(
+            PoissonOpenLoop(args.rate, args.popularity), growth=args.sweep_growth, interval_s=args.sweep_interval_s
+        )
+    raise CliError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
+
+
+def _profiles(args: argparse.Namespace) -> list[ModelProfile]:
+    base = load_profiles(args.profiles) if args.profiles is not None else builtin_profiles()
+    return model_copies(base, args.models)
+
+
+def _config(args: argparse.Namespace) -> SimulationConfig:
+    if args.duration_s <= 0:
+        raise CliError(f"--duration-s must be positive, got {args.duration_s}")
+    if args.slo_ms <= 0:
+        raise CliError(f"--slo-ms must be positive, got {args.slo_ms}")
+    return SimulationConfig(
+        duration_ns=s_to_ns(args.duration_s),
+        devices=args.devices,
+        pool_bytes=int(args.device_memory_gib * 1024 * MIB),
+        page_bytes=args.page_mib * MIB,
+        slo_ns=ms_to_ns(args.slo_ms),
+        seed=args.seed,
+        noise=NoiseModel.exact() if args.noise == "exact" else NoiseModel(),
+    )
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    policies = parse_policies(args.policy)
+    config = _config(args)
+    workload = _workload(args)
+    profiles = _profiles(args)
+    arrivals = generate_arrivals(workload, profiles, config)
+    results: dict[str, SimulationResult] = {}
+    for policy in policies:
+        results[policy] = _simulate_with_progress(policy, profiles, workload, config, arrivals, args.quiet)
+    reports = [r.report for r in results.values()]
+    print(format_table(reports))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"results": [r.to_json() for r in reports]}, indent=2) + "\n")
+    if args.log_dir is not None:
+        for policy, result in results.items():
+            result.recorder.write_logs(args.log_dir, policy)
+    if args.plot is not None:
+        from mainspring.telemetry.plots import write_plots
+
+        write_plots({p: r.recorder for p, r in results.items()}, args.plot, args.slo_ms)
+    return 0
+
+
+def _simulate_with_progress(
+    policy: str,
+    profiles: list[ModelProfile],
+    workload: Workload,
+    config: SimulationConfig,
+    arrivals: list[Arrival],
+    quiet: bool,
+) -> SimulationResult:
+    from tqdm import tqdm
+
+    total_s = config.duration_ns / NS_PER_S
+    with tqdm(total=round(total_s, 1), desc=policy, unit="sim s", delay=2.0, disable=quiet, file=sys.stderr) as bar:
+
+        def advance(now_ns: int) -> None:
+            bar.update(round(now_ns / NS_PER_S - bar.n, 1))
+
+        return simulate(policy, profiles, workload, config, arrivals, progress=advance)
+
+
+_COMMANDS = {"simulate": _run_simulate}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(_COMMANDS[args.command](args))
+    except (CliError, ValueError) as error:
+        parser.exit(2, f"mainspring {args.command}: error: {error}\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

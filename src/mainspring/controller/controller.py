@@ -1,0 +1,130 @@
+"""The mechanism around a ``Scheduler``: it reads the clock, feeds the policy
+requests and results, sends its actions to workers and answers clients.
+
+It is clock- and transport-agnostic: the simulator hands it a virtual clock and
+emulated devices, the live server a wall clock and network links.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from mainspring.protocol import Action, ActionResult, Infer, Request, Response, ResponseStatus
+from mainspring.scheduler.base import Scheduler
+from mainspring.time import Clock
+
+
+class WorkerLink(Protocol):
+    """Where the actions for one device go."""
+
+    def submit(self, action: Action) -> None: ...
+
+
+class ControllerObserver(Protocol):
+    """Sees everything that passes through the controller (logs, metrics, reports)."""
+
+    def on_request(self, request: Request, now_ns: int) -> None: ...
+
+    def on_action(self, action: Action, now_ns: int) -> None: ...
+
+    def on_result(self, result: ActionResult, action: Action, now_ns: int) -> None: ...
+
+    def on_answer(self, request: Request, response: Response, now_ns: int) -> None: ...
+
+
+AnswerSink = Callable[[Request, Response, object], None]
+WakeupHook = Callable[[int], None]
+
+
+class Controller:
+    """Glue between one scheduler, its workers and its clients."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        clock: Clock,
+        workers: Mapping[int, WorkerLink],
+        answer: AnswerSink,
+        request_wakeup: WakeupHook | None = None,
+        observer: ControllerObserver | None = None,
+    ) -> None:
+        self._scheduler = scheduler
+        self._clock = clock
+        self._workers = workers
+        self._answer = answer
+        self._request_wakeup = request_wakeup
+        self._observer = observer
+        self._requests: dict[int, Request] = {}
+        self._outputs: dict[int, object] = {}
+        self._in_flight: dict[int, Action] = {}
+        self._pending_wakeup_ns: int | None = None
+
+    @property
+    def outstanding(self) -> int:
+        """Requests received and not yet answered."""
+        return len(self._requests)
+
+    def submit(self, request: Request) -> None:
+        if request.id in self._requests:
+            raise ValueError(f"request id {request.id} is already outstanding")
+        now = self._clock.now_ns()
+        self._requests[request.id] = request
+        if self._observer is not None:
+            self._observer.on_request(request, now)
+        self._scheduler.on_request(request, now)
+        self._pump(now)
+
+    def deliver(self, result: ActionResult) -> None:
+        """A worker's result for an action this controller sent."""
+        action = self._in_flight.pop(result.action_id, None)
+        if action is None:
+            raise ValueError(f"result for unknown action {result.action_id}")
+        now = self._clock.now_ns()
+        if self._observer is not None:
+            self._observer.on_result(result, action, now)
+        if result.ok and isinstance(action, Infer) and result.outputs is not None:
+            for request_id, output in zip(action.request_ids, result.outputs, strict=True):
+                self._outputs[request_id] = output
+        self._scheduler.on_result(result, now)
+        self._pump(now)
+
+    def wake(self) -> None:
+        """Called at (or after) a time the scheduler asked to be woken."""
+        now = self._clock.now_ns()
+        if self._pending_wakeup_ns is not None and self._pending_wakeup_ns <= now:
+            self._pending_wakeup_ns = None
+        self._pump(now)
+
+    def shutdown(self, reason: str) -> int:
+        """Answer every outstanding request with an error; returns how many there were."""
+        now = self._clock.now_ns()
+        pending = list(self._requests)
+        for request_id in pending:
+            self._respond(Response(request_id, ResponseStatus.ERROR, reason), now)
+        return len(pending)
+
+    def _pump(self, now: int) -> None:
+        decisions = self._scheduler.schedule(now)
+        for action in decisions.actions:
+            self._in_flight[action.action_id] = action
+            if self._observer is not None:
+                self._observer.on_action(action, now)
+            self._workers[action.device].submit(action)
+        for response in decisions.responses:
+            self._respond(response, now)
+        wakeup = decisions.wakeup_ns
+        if wakeup is not None and self._request_wakeup is not None:
+            wakeup = max(wakeup, now)
+            if self._pending_wakeup_ns is None or wakeup < self._pending_wakeup_ns:
+                self._pending_wakeup_ns = wakeup
+                self._request_wakeup(wakeup)
+
+    def _respond(self, response: Response, now: int) -> None:
+        request = self._requests.pop(response.request_id, None)
+        if request is None:
+            raise RuntimeError(f"policy answered request {response.request_id} twice or never received it")
+        output = self._outputs.pop(response.request_id, None)
+        if self._observer is not None:
+            self._observer.on_answer(request, response, now)
+        self._answer(request, response, output)

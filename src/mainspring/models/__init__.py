@@ -1,0 +1,1 @@
+"""Models: profiles (and later the repository, the zoo and the profiler)."""

@@ -1,0 +1,21 @@
+"""Messages between clients, controller and workers."""
+
+from mainspring.protocol.actions import Action, EvictWeights, Infer, LoadWeights, action_kind
+from mainspring.protocol.devices import DeviceSpec
+from mainspring.protocol.requests import Request, Response, ResponseStatus
+from mainspring.protocol.results import ActionResult, ActionStatus, Timing
+
+__all__ = [
+    "Action",
+    "ActionResult",
+    "ActionStatus",
+    "DeviceSpec",
+    "EvictWeights",
+    "Infer",
+    "LoadWeights",
+    "Request",
+    "Response",
+    "ResponseStatus",
+    "Timing",
+    "action_kind",
+]

@@ -1,0 +1,20 @@
+"""What a worker announces about each of its devices."""
+
+from __future__ import annotations
+
+import msgspec
+
+from mainspring.worker.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
+
+
+class DeviceSpec(msgspec.Struct, frozen=True):
+    """One device: its id, kind (matches ``ModelProfile.device_kind``) and weight pool."""
+
+    device: int
+    kind: str = "v100"
+    pool_bytes: int = DEFAULT_POOL_BYTES
+    page_bytes: int = DEFAULT_PAGE_BYTES
+
+    @property
+    def total_pages(self) -> int:
+        return self.pool_bytes // self.page_bytes

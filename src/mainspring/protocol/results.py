@@ -1,0 +1,46 @@
+"""What a worker reports back for every action it received."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class ActionStatus(enum.Enum):
+    OK = "ok"
+    TOO_EARLY = "too_early"
+    TOO_LATE = "too_late"
+    NOT_RESIDENT = "not_resident"
+    OUT_OF_MEMORY = "out_of_memory"
+    ERROR = "error"
+
+
+class Timing(msgspec.Struct, frozen=True):
+    """When the work began and ended, on the worker's clock."""
+
+    begin_ns: int
+    end_ns: int
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.begin_ns
+
+
+class ActionResult(msgspec.Struct, frozen=True):
+    """Outcome of one action. Failures travel as results, not exceptions.
+
+    ``timing`` is present for every action that ran; a refused action has none.
+    ``outputs`` (for ``Infer`` only) holds one entry per request, in batch order.
+    """
+
+    action_id: int
+    device: int
+    status: ActionStatus
+    timing: Timing | None = None
+    message: str = ""
+    outputs: list[object] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is ActionStatus.OK

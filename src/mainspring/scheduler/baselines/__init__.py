@@ -1,0 +1,1 @@
+"""Reactive baselines for side-by-side comparison."""

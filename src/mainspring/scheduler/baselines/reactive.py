@@ -1,0 +1,251 @@
+"""Shared mechanics of the reactive baselines (Triton-like, Clipper-like).
+
+No prediction: one batch in flight per device, FIFO per model, a model loaded on
+demand when a request for it arrives, least-recently-used models evicted when
+memory is short. Subclasses decide the batch size.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import (
+    Action,
+    ActionResult,
+    ActionStatus,
+    DeviceSpec,
+    EvictWeights,
+    Infer,
+    LoadWeights,
+    Request,
+    Response,
+    ResponseStatus,
+)
+from mainspring.scheduler.base import Decisions
+from mainspring.time import NS_PER_S, ms_to_ns
+
+# Reactive policies set no real window: a worker may start their actions whenever.
+OPEN_WINDOW_NS = 3600 * NS_PER_S
+
+
+@dataclass(frozen=True)
+class ReactiveConfig:
+    """``max_queue_delay_ms``: how long a partial batch may wait for more requests.
+    ``queue_timeout_ms``: drop a request that waited this long (None: never)."""
+
+    max_batch_size: int = 16
+    max_queue_delay_ms: float = 2.0
+    queue_timeout_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_queue_delay_ms < 0:
+            raise ValueError(f"bad batching settings: {self}")
+        if self.queue_timeout_ms is not None and self.queue_timeout_ms <= 0:
+            raise ValueError(f"queue_timeout_ms must be positive, got {self.queue_timeout_ms}")
+
+
+@dataclass
+class _Device:
+    spec: DeviceSpec
+    free_pages: int
+    resident: OrderedDict[str, int] = field(default_factory=OrderedDict)  # model -> last use, LRU first
+    loading: set[str] = field(default_factory=set)
+    running: str | None = None  # model of the batch in flight on the exec lane
+
+
+class ReactiveScheduler:
+    """Base of the baselines; subclasses override ``batch_limit`` and ``on_batch_done``."""
+
+    def __init__(
+        self, profiles: Mapping[str, ModelProfile], devices: Sequence[DeviceSpec], config: ReactiveConfig
+    ) -> None:
+        if not devices:
+            raise ValueError("a scheduler needs at least one device")
+        self._profiles = profiles
+        self._config = config
+        self._devices = {d.device: _Device(d, d.total_pages) for d in devices}
+        self._queues: dict[str, deque[Request]] = {}
+        self._placement: dict[str, int] = {}
+        self._in_flight: dict[int, Action] = {}
+        self._batches: dict[int, list[Request]] = {}
+        self._responses: list[Response] = []
+        self._next_action_id = 0
+        self._delay_ns = ms_to_ns(config.max_queue_delay_ms)
+        self._timeout_ns = None if config.queue_timeout_ms is None else ms_to_ns(config.queue_timeout_ms)
+        self._pages: dict[tuple[str, int], int] = {}
+
+    # --- hooks for subclasses -------------------------------------------------
+    def batch_limit(self, model: str) -> int:
+        return min(self._config.max_batch_size, self._profiles[model].max_batch)
+
+    def on_batch_done(self, model: str, requests: Sequence[Request], duration_ns: int) -> None:
+        """Called after every successful batch."""
+
+    # --- the contract ----------------------------------------------------------
+    def on_request(self, request: Request, now_ns: int) -> None:
+        profile = self._profiles.get(request.model)
+        if profile is None:
+            self._answer(request, ResponseStatus.ERROR, f"unknown model {request.model!r}")
+        elif not any(self._pages_of(request.model, d.spec) <= d.spec.total_pages for d in self._devices.values()):
+            self._answer(request, ResponseStatus.ERROR, f"model {request.model!r} does not fit on any device")
+        else:
+            self._queues.setdefault(request.model, deque()).append(request)
+
+    def on_result(self, result: ActionResult, now_ns: int) -> None:
+        action = self._in_flight.pop(result.action_id)
+        device = self._devices[action.device]
+        if isinstance(action, Infer):
+            self._infer_done(action, result, device, now_ns)
+        elif isinstance(action, LoadWeights):
+            device.loading.discard(action.model)
+            if result.ok:
+                device.resident[action.model] = now_ns
+            else:
+                device.free_pages += self._pages_of(action.model, device.spec)
+                del self._placement[action.model]
+                if result.status is ActionStatus.ERROR:
+                    for request in self._queues.pop(action.model, ()):
+                        self._answer(request, ResponseStatus.ERROR, f"loading failed: {result.message}")
+
+    def schedule(self, now_ns: int) -> Decisions:
+        decisions = Decisions(responses=self._responses)
+        self._responses = []
+        if self._timeout_ns is not None:
+            self._expire(now_ns, decisions)
+        for model in list(self._queues):
+            if model not in self._placement:
+                self._place(model, now_ns, decisions)
+        waiting_by_device: dict[int, list[str]] = {}
+        for model in self._queues:
+            device_id = self._placement.get(model)
+            if device_id is not None and model in self._devices[device_id].resident:
+                waiting_by_device.setdefault(device_id, []).append(model)
+        wakeups = [
+            self._dispatch(self._devices[device_id], models, now_ns, decisions)
+            for device_id, models in waiting_by_device.items()
+        ]
+        if self._timeout_ns is not None:
+            wakeups += [q[0].arrival_ns + self._timeout_ns for q in self._queues.values()]
+        pending = [w for w in wakeups if w is not None]
+        decisions.wakeup_ns = min(pending) if pending else None
+        return decisions
+
+    # --- steps -----------------------------------------------------------------
+    def _expire(self, now_ns: int, decisions: Decisions) -> None:
+        assert self._timeout_ns is not None
+        for model in list(self._queues):
+            queue = self._queues[model]
+            while queue and now_ns - queue[0].arrival_ns >= self._timeout_ns:
+                request = queue.popleft()
+                decisions.responses.append(Response(request.id, ResponseStatus.TIMED_OUT, "queue timeout"))
+            if not queue:
+                del self._queues[model]
+
+    def _place(self, model: str, now_ns: int, decisions: Decisions) -> None:
+        """Load ``model`` on the device with the most free memory, evicting LRU idle models if needed."""
+        best: tuple[tuple[int, int], _Device, list[str]] | None = None
+        for device in self._devices.values():
+            need = self._pages_of(model, device.spec)
+            victims = self._victims(device, need)
+            if victims is None:
+                continue
+            oldest_victim_use = device.resident[victims[0]] if victims else -1
+            key = (0, -device.free_pages) if not victims else (1, oldest_victim_use)
+            if best is None or key < best[0]:
+                best = (key, device, victims)
+        if best is None:
+            return  # nothing evictable now; retried on the next pass
+        _, device, victims = best
+        for victim in victims:
+            del device.resident[victim]
+            del self._placement[victim]
+            device.free_pages += self._pages_of(victim, device.spec)
+            decisions.actions.append(self._action(EvictWeights, device, victim, now_ns, 0))
+        device.free_pages -= self._pages_of(model, device.spec)
+        device.loading.add(model)
+        self._placement[model] = device.spec.device
+        decisions.actions.append(self._action(LoadWeights, device, model, now_ns, self._profiles[model].load_ns))
+
+    def _victims(self, device: _Device, need: int) -> list[str] | None:
+        """LRU resident models with no queued work that free ``need`` pages; None if impossible."""
+        freed = device.free_pages
+        victims = []
+        for model in device.resident:
+            if freed >= need:
+                break
+            if model in self._queues or model == device.running:
+                continue
+            victims.append(model)
+            freed += self._pages_of(model, device.spec)
+        return victims if freed >= need else None
+
+    def _dispatch(self, device: _Device, waiting: list[str], now_ns: int, decisions: Decisions) -> int | None:
+        """Start the oldest ready batch on an idle device; returns when a partial batch becomes ready."""
+        if device.running is not None:
+            return None
+        chosen, wakeup = None, None
+        for model in waiting:
+            queue = self._queues[model]
+            ready_at = queue[0].arrival_ns + self._delay_ns
+            if len(queue) < self.batch_limit(model) and ready_at > now_ns:
+                wakeup = ready_at if wakeup is None else min(wakeup, ready_at)
+            elif chosen is None or queue[0].arrival_ns < self._queues[chosen][0].arrival_ns:
+                chosen = model
+        if chosen is None:
+            return wakeup
+        queue = self._queues[chosen]
+        batch = [queue.popleft() for _ in range(min(len(queue), self.batch_limit(chosen)))]
+        if not queue:
+            del self._queues[chosen]
+        profile = self._profiles[chosen]
+        size = profile.padded_batch(len(batch))
+        infer = Infer(
+            self._new_action_id(), device.spec.device, chosen, now_ns, now_ns + OPEN_WINDOW_NS,
+            profile.exec_ns[size], tuple(r.id for r in batch), size,
+        )  # fmt: skip
+        self._in_flight[infer.action_id] = infer
+        self._batches[infer.action_id] = batch
+        device.running = chosen
+        device.resident[chosen] = now_ns
+        device.resident.move_to_end(chosen)
+        decisions.actions.append(infer)
+        return None
+
+    def _infer_done(self, action: Infer, result: ActionResult, device: _Device, now_ns: int) -> None:
+        device.running = None
+        batch = self._batches.pop(action.action_id)
+        if result.ok:
+            assert result.timing is not None
+            for request in batch:
+                self._answer(request, ResponseStatus.SUCCESS, action_id=action.action_id)
+            self.on_batch_done(action.model, batch, result.timing.duration_ns)
+        elif result.status is ActionStatus.ERROR:
+            for request in batch:
+                self._answer(request, ResponseStatus.ERROR, f"inference failed: {result.message}")
+        else:  # refused: try again, oldest first
+            self._queues.setdefault(action.model, deque()).extendleft(reversed(batch))
+
+    # --- helpers -----------------------------------------------------------------
+    def _answer(self, request: Request, status: ResponseStatus, reason: str = "", action_id: int | None = None) -> None:
+        self._responses.append(Response(request.id, status, reason, action_id))
+
+    def _pages_of(self, model: str, spec: DeviceSpec) -> int:
+        key = (model, spec.page_bytes)
+        pages = self._pages.get(key)
+        if pages is None:
+            pages = self._pages[key] = self._profiles[model].pages(spec.page_bytes)
+        return pages
+
+    def _new_action_id(self) -> int:
+        self._next_action_id += 1
+        return self._next_action_id
+
+    def _action(
+        self, kind: type[LoadWeights] | type[EvictWeights], device: _Device, model: str, now_ns: int, expected_ns: int
+    ) -> LoadWeights | EvictWeights:
+        action = kind(self._new_action_id(), device.spec.device, model, now_ns, now_ns + OPEN_WINDOW_NS, expected_ns)
+        self._in_flight[action.action_id] = action
+        return action

@@ -1,0 +1,49 @@
+"""Policies by name, so every comparison runs side by side in one harness."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import DeviceSpec
+from mainspring.scheduler.base import Scheduler
+from mainspring.scheduler.baselines.clipper import ClipperScheduler
+from mainspring.scheduler.baselines.reactive import ReactiveConfig
+from mainspring.scheduler.baselines.triton import TritonScheduler
+
+SchedulerFactory = Callable[[Mapping[str, ModelProfile], Sequence[DeviceSpec], random.Random], Scheduler]
+
+_FACTORIES: dict[str, SchedulerFactory] = {
+    "triton": lambda profiles, devices, rng: TritonScheduler(profiles, devices, ReactiveConfig()),
+    "clipper": lambda profiles, devices, rng: ClipperScheduler(profiles, devices, ReactiveConfig()),
+}
+
+DEFAULT_POLICY = "triton"
+
+
+def policy_names() -> list[str]:
+    return list(_FACTORIES)
+
+
+def parse_policies(text: str) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]``, with a clear error for an unknown or repeated name."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ValueError("no policy given")
+    unknown = [name for name in names if name not in _FACTORIES]
+    if unknown:
+        raise ValueError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(_FACTORIES)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"policy listed twice: {text}")
+    return names
+
+
+def make_scheduler(
+    name: str, profiles: Mapping[str, ModelProfile], devices: Sequence[DeviceSpec], rng: random.Random
+) -> Scheduler:
+    try:
+        factory = _FACTORIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(_FACTORIES)}") from None
+    return factory(profiles, devices, rng)

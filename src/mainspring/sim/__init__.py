@@ -1,0 +1,1 @@
+"""Discrete-event simulation of a cluster of emulated devices."""

@@ -1,0 +1,196 @@
+"""One simulated run: a policy, emulated devices and a workload on a virtual clock."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from mainspring.controller import Controller
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response
+from mainspring.scheduler.registry import make_scheduler
+from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
+from mainspring.telemetry.recorder import Recorder
+from mainspring.telemetry.report import RunReport, build_report
+from mainspring.time import NS_PER_MS, NS_PER_S
+from mainspring.worker.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
+from mainspring.worker.runtimes.emulated import EmulatedDevice, NoiseModel
+from mainspring.workload.base import Arrival, Workload
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """Everything about a run except the policy and the workload."""
+
+    duration_ns: int
+    devices: int = 6
+    device_kind: str = "v100"
+    pool_bytes: int = DEFAULT_POOL_BYTES
+    page_bytes: int = DEFAULT_PAGE_BYTES
+    slo_ns: int = 100 * NS_PER_MS
+    seed: int = 1
+    noise: NoiseModel = field(default_factory=NoiseModel)
+    drain_ns: int = 30 * NS_PER_S  # after the arrival window: time to finish what is queued
+    network_latency_ns: int = 0
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name}={getattr(self, name)} must be positive"
+            for name in ("duration_ns", "devices", "slo_ns", "pool_bytes", "page_bytes")
+            if getattr(self, name) <= 0
+        ]
+        if self.drain_ns < 0 or self.network_latency_ns < 0:
+            problems.append(
+                f"drain_ns={self.drain_ns} and network_latency_ns={self.network_latency_ns} must not be negative"
+            )
+        if problems:
+            raise ValueError("bad simulation config: " + "; ".join(problems))
+
+    def device_specs(self) -> list[DeviceSpec]:
+        return [DeviceSpec(i, self.device_kind, self.pool_bytes, self.page_bytes) for i in range(self.devices)]
+
+
+@dataclass
+class SimulationResult:
+    report: RunReport
+    recorder: Recorder
+    devices: list[EmulatedDevice]
+    end_ns: int
+
+
+ProgressHook = Callable[[int], None]
+
+
+class _Run:
+    """Wires controller, devices and arrivals onto one event loop."""
+
+    def __init__(
+        self, policy: str, profiles: Sequence[ModelProfile], workload: Workload, config: SimulationConfig
+    ) -> None:
+        self.loop = EventLoop()
+        self.config = config
+        self.workload = workload
+        self.recorder = Recorder()
+        by_name = {p.model: p for p in profiles}
+        specs = config.device_specs()
+        self.devices = [
+            EmulatedDevice(
+                spec, by_name, self.loop, self._result_sink, config.noise, _seed(config.seed, f"dev{spec.device}")
+            )
+            for spec in specs
+        ]
+        scheduler = make_scheduler(policy, by_name, specs, random.Random(_seed(config.seed, "scheduler")))
+        links = {d.spec.device: self._link(d) for d in self.devices}
+        self.controller = Controller(
+            scheduler, self.loop.clock, links, self._on_answer, self._wakeup, observer=self.recorder
+        )
+        self._arrival_of: dict[int, Arrival] = {}
+        self._next_id = 0
+        self._followups = 0
+        self._arrivals: Iterator[Arrival] = iter(())
+        self.arrivals_done = False
+
+    def _link(self, device: EmulatedDevice) -> _DeviceLink:
+        return _DeviceLink(device, self.loop, self.config.network_latency_ns)
+
+    def _result_sink(self, result: ActionResult) -> None:
+        delay = self.config.network_latency_ns
+        self.loop.call_at(self.loop.now_ns() + delay, partial(self.controller.deliver, result), PRIORITY_RESULT)
+
+    def _wakeup(self, time_ns: int) -> None:
+        self.loop.call_at(time_ns, self.controller.wake, PRIORITY_WAKEUP)
+
+    def start(self, arrivals: Iterable[Arrival]) -> None:
+        self._arrivals = iter(arrivals)
+        self._schedule_next_arrival()
+
+    def _schedule_next_arrival(self) -> None:
+        arrival = next(self._arrivals, None)
+        if arrival is None:
+            self.arrivals_done = True
+        else:
+            self.loop.call_at(arrival.time_ns, partial(self._arrive, arrival, True), PRIORITY_ARRIVAL)
+
+    def _arrive(self, arrival: Arrival, from_stream: bool) -> None:
+        if from_stream:
+            self._schedule_next_arrival()
+        else:
+            self._followups -= 1
+        now = self.loop.now_ns()
+        slo = arrival.slo_ns if arrival.slo_ns is not None else self.config.slo_ns
+        self._next_id += 1
+        self._arrival_of[self._next_id] = arrival
+        self.controller.submit(Request(self._next_id, arrival.model, now, now + slo, slo))
+
+    def _on_answer(self, request: Request, response: Response, output: object) -> None:
+        arrival = self._arrival_of.pop(request.id)
+        follow = self.workload.on_answer(arrival, self.loop.now_ns())
+        if follow is not None:
+            self._followups += 1
+            self.loop.call_at(
+                max(follow.time_ns, self.loop.now_ns()), partial(self._arrive, follow, False), PRIORITY_ARRIVAL
+            )
+
+    def done(self) -> bool:
+        return self.arrivals_done and self._followups == 0 and self.controller.outstanding == 0
+
+
+class _DeviceLink:
+    def __init__(self, device: EmulatedDevice, loop: EventLoop, latency_ns: int) -> None:
+        self._device = device
+        self._loop = loop
+        self._latency_ns = latency_ns
+
+    def submit(self, action: Action) -> None:
+        if self._latency_ns:
+            self._loop.call_at(self._loop.now_ns() + self._latency_ns, partial(self._device.submit, action))
+        else:
+            self._device.submit(action)
+
+
+def _seed(seed: int, purpose: str) -> int:
+    return random.Random(f"{seed}:{purpose}").getrandbits(63)
+
+
+def generate_arrivals(workload: Workload, profiles: Sequence[ModelProfile], config: SimulationConfig) -> list[Arrival]:
+    """The arrival sequence for a seed: generate once, replay for every policy."""
+    return list(workload.arrivals(profiles, config.duration_ns, random.Random(_seed(config.seed, "workload"))))
+
+
+def simulate(
+    policy: str,
+    profiles: Sequence[ModelProfile],
+    workload: Workload,
+    config: SimulationConfig,
+    arrivals: Iterable[Arrival] | None = None,
+    progress: ProgressHook | None = None,
+) -> SimulationResult:
+    """Run ``policy`` on ``arrivals`` (default: generated from ``workload``) and report."""
+    started = time.perf_counter()
+    run = _Run(policy, profiles, workload, config)
+    run.start(arrivals if arrivals is not None else generate_arrivals(workload, profiles, config))
+    limit = config.duration_ns + config.drain_ns
+    step = NS_PER_S
+    horizon = 0
+    while not run.done() and horizon < limit:
+        horizon = min(horizon + step, limit)
+        run.loop.run(until_ns=horizon, stop=run.done)
+        if progress is not None:
+            progress(min(run.loop.now_ns(), config.duration_ns))
+    run.controller.shutdown("the simulation ended before this request was answered")
+    end = run.loop.now_ns()
+    report = build_report(
+        run.recorder,
+        policy=policy,
+        workload=workload.describe(),
+        devices=config.devices,
+        models=len(profiles),
+        duration_ns=config.duration_ns,
+        simulated_ns=end,
+        wall_s=time.perf_counter() - started,
+        events=run.loop.events_processed,
+    )
+    return SimulationResult(report, run.recorder, run.devices, end)

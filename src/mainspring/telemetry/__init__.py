@@ -1,0 +1,1 @@
+"""Telemetry: request and action logs, run reports, plots."""

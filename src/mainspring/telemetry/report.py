@@ -1,0 +1,155 @@
+"""Run reports: what a run achieved, per policy, as a table and as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from mainspring.protocol import ResponseStatus
+from mainspring.telemetry.recorder import Recorder
+from mainspring.time import NS_PER_S, ns_to_ms
+
+LATENCY_PERCENTILES = {"p50": 50.0, "p99": 99.0, "p999": 99.9, "p9999": 99.99}
+
+
+@dataclass(frozen=True)
+class RunReport:
+    policy: str
+    workload: str
+    devices: int
+    models: int
+    requests: int
+    offered_rps: float
+    throughput_rps: float
+    goodput_rps: float
+    slo_attainment: float
+    succeeded: int
+    late: int
+    rejected: int
+    timed_out: int
+    errors: int
+    latency_ms: dict[str, float]
+    cold_starts: int
+    loads: int
+    evictions: int
+    device_busy: float
+    prediction_error_ms: dict[str, float]
+    refused_actions: int
+    simulated_s: float
+    wall_s: float
+    events: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _percentiles(values: Sequence[float] | np.ndarray, prefix: str = "") -> dict[str, float]:
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        return {f"{prefix}{name}": 0.0 for name in (*LATENCY_PERCENTILES, "max")}
+    out = {f"{prefix}{name}": float(np.percentile(data, q)) for name, q in LATENCY_PERCENTILES.items()}
+    out[f"{prefix}max"] = float(data.max())
+    return out
+
+
+def build_report(
+    recorder: Recorder,
+    *,
+    policy: str,
+    workload: str,
+    devices: int,
+    models: int,
+    duration_ns: int,
+    simulated_ns: int,
+    wall_s: float,
+    events: int = 0,
+) -> RunReport:
+    """Summarise a finished run. Rates are per second of the arrival window ``duration_ns``."""
+    rows = recorder.requests
+    seconds = max(duration_ns, 1) / NS_PER_S
+    success = ResponseStatus.SUCCESS.value
+    counts = {status.value: 0 for status in ResponseStatus}
+    for row in rows:
+        counts[row.status] += 1
+    good = sum(1 for r in rows if r.good)
+    latencies = [ns_to_ms(r.latency_ns) for r in rows if r.status == success]
+    ok_actions = [a for a in recorder.actions if a.status == "ok"]
+    busy_ns = sum(a.end_ns - a.begin_ns for a in ok_actions if a.kind == "infer")
+    errors: dict[str, list[float]] = {"infer": [], "load": []}
+    for a in ok_actions:
+        if a.kind in errors:
+            errors[a.kind].append(ns_to_ms((a.end_ns - a.begin_ns) - a.expected_ns))
+    prediction = {}
+    for kind, values in errors.items():
+        stats = _percentiles(values, f"{kind}_")
+        prediction.update({k: stats[k] for k in (f"{kind}_p50", f"{kind}_p99", f"{kind}_max")})
+    return RunReport(
+        policy=policy,
+        workload=workload,
+        devices=devices,
+        models=models,
+        requests=len(rows),
+        offered_rps=recorder.received / seconds,
+        throughput_rps=counts[success] / seconds,
+        goodput_rps=good / seconds,
+        slo_attainment=good / len(rows) if rows else 1.0,
+        succeeded=counts[success],
+        late=counts[success] - good,
+        rejected=counts[ResponseStatus.REJECTED.value],
+        timed_out=counts[ResponseStatus.TIMED_OUT.value],
+        errors=counts[ResponseStatus.ERROR.value],
+        latency_ms=_percentiles(latencies),
+        cold_starts=sum(1 for r in rows if r.cold),
+        loads=sum(1 for a in ok_actions if a.kind == "load"),
+        evictions=sum(1 for a in ok_actions if a.kind == "evict"),
+        device_busy=busy_ns / (max(simulated_ns, 1) * max(devices, 1)),
+        prediction_error_ms=prediction,
+        refused_actions=len(recorder.actions) - len(ok_actions),
+        simulated_s=simulated_ns / NS_PER_S,
+        wall_s=wall_s,
+        events=events,
+    )
+
+
+_ROWS: list[tuple[str, str]] = [
+    ("requests", "{requests}"),
+    ("offered load (r/s)", "{offered_rps:.1f}"),
+    ("throughput (r/s)", "{throughput_rps:.1f}"),
+    ("goodput (r/s)", "{goodput_rps:.1f}"),
+    ("SLO attainment", "{slo_attainment:.6%}"),
+    ("late successes", "{late}"),
+    ("rejected", "{rejected}"),
+    ("timed out", "{timed_out}"),
+    ("errors", "{errors}"),
+    ("latency p50 (ms)", "{latency_ms[p50]:.2f}"),
+    ("latency p99 (ms)", "{latency_ms[p99]:.2f}"),
+    ("latency p99.9 (ms)", "{latency_ms[p999]:.2f}"),
+    ("latency p99.99 (ms)", "{latency_ms[p9999]:.2f}"),
+    ("latency max (ms)", "{latency_ms[max]:.2f}"),
+    ("cold starts", "{cold_starts}"),
+    ("loads / evictions", "{loads} / {evictions}"),
+    ("device busy", "{device_busy:.1%}"),
+    ("infer error p50/p99 (ms)", "{prediction_error_ms[infer_p50]:+.3f} / {prediction_error_ms[infer_p99]:+.3f}"),
+    ("load error p50/p99 (ms)", "{prediction_error_ms[load_p50]:+.3f} / {prediction_error_ms[load_p99]:+.3f}"),
+    ("refused actions", "{refused_actions}"),
+    ("simulated / wall (s)", "{simulated_s:.1f} / {wall_s:.2f}"),
+]
+
+
+def format_table(reports: Sequence[RunReport]) -> str:
+    """Policies side by side, one metric a row."""
+    if not reports:
+        return "(no runs)"
+    header = ["metric", *(r.policy for r in reports)]
+    body = [[label, *(fmt.format(**r.to_json()) for r in reports)] for label, fmt in _ROWS]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    lines = [f"{reports[0].workload}; {reports[0].models} models on {reports[0].devices} devices"]
+    for row in [header, *body]:
+        cells = [
+            cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Workers: executors, page pool and runtimes."""

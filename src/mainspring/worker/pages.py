@@ -1,0 +1,87 @@
+"""Paged device memory for weights, shared by every runtime.
+
+Weights live in fixed-size pages (16 MiB by default, as in Clockwork). A tensor
+never straddles two pages; tensors are packed first-fit-decreasing. The emulated
+and the real worker both count pages with these functions, so the controller's
+view of memory is exactly the worker's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+MIB = 1024 * 1024
+DEFAULT_PAGE_BYTES = 16 * MIB
+DEFAULT_POOL_BYTES = 32 * 1024 * MIB
+
+
+def pack_first_fit_decreasing(tensor_bytes: Sequence[int], page_bytes: int) -> list[list[int]]:
+    """Assign tensors (by index) to pages; returns the tensor indices of each page.
+
+    Raises ``ValueError`` for a tensor larger than a page: it could never be placed.
+    """
+    order = sorted(range(len(tensor_bytes)), key=lambda i: (-tensor_bytes[i], i))
+    pages: list[list[int]] = []
+    free: list[int] = []
+    for index in order:
+        size = tensor_bytes[index]
+        if size > page_bytes:
+            raise ValueError(f"tensor {index} of {size} bytes exceeds the page size of {page_bytes} bytes")
+        for page, room in enumerate(free):
+            if room >= size:
+                pages[page].append(index)
+                free[page] -= size
+                break
+        else:
+            pages.append([index])
+            free.append(page_bytes - size)
+    return pages
+
+
+def pages_needed(weights_bytes: int, page_bytes: int, tensor_bytes: Sequence[int] | None = None) -> int:
+    """Pages a model occupies: packed tensors when their sizes are known, else a ceiling."""
+    if tensor_bytes:
+        return len(pack_first_fit_decreasing(tensor_bytes, page_bytes))
+    return max(1, -(-weights_bytes // page_bytes))
+
+
+class PagePool:
+    """Counts pages per model on one device. Refuses, never evicts on its own."""
+
+    def __init__(self, capacity_bytes: int = DEFAULT_POOL_BYTES, page_bytes: int = DEFAULT_PAGE_BYTES) -> None:
+        if page_bytes <= 0 or capacity_bytes < page_bytes:
+            raise ValueError(f"bad page pool: capacity {capacity_bytes} bytes, page {page_bytes} bytes")
+        self.page_bytes = page_bytes
+        self.total_pages = capacity_bytes // page_bytes
+        self._held: dict[str, int] = {}
+        self._used = 0
+
+    @property
+    def used_pages(self) -> int:
+        return self._used
+
+    @property
+    def free_pages(self) -> int:
+        return self.total_pages - self._used
+
+    def holds(self, model: str) -> bool:
+        return model in self._held
+
+    def pages_of(self, model: str) -> int:
+        return self._held.get(model, 0)
+
+    def allocate(self, model: str, pages: int) -> bool:
+        """Reserve ``pages`` for ``model``; False (and nothing changes) if they do not fit."""
+        if model in self._held:
+            raise ValueError(f"model {model!r} already holds pages")
+        if pages > self.free_pages:
+            return False
+        self._held[model] = pages
+        self._used += pages
+        return True
+
+    def release(self, model: str) -> int:
+        """Return the model's pages; returns how many were freed (0 if none were held)."""
+        pages = self._held.pop(model, 0)
+        self._used -= pages
+        return pages

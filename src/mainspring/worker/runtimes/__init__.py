@@ -1,0 +1,1 @@
+"""Runtimes that execute actions: emulated (simulator) and, later, torch."""

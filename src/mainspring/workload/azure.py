@@ -1,0 +1,142 @@
+"""Replay of the Azure Functions 2019 invocation trace (per-minute counts).
+
+Mapping onto models follows Clockwork: sort functions by total invocations,
+descending; function ``i`` feeds model ``floor(n_models * i / n_functions)``;
+within each minute arrivals are Poisson at ``count x scale``.
+
+When there are fewer functions than models (the bundled sample has 900), function
+``i`` instead feeds the block of models ``[floor(M*i/F), floor(M*(i+1)/F))``, so
+that every model receives traffic; within its block an arrival picks a model with
+Zipf(1) weights, so popularity stays skewed inside blocks as well as between them.
+With at least as many functions as models the block is the single Clockwork model.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from mainspring.models.profile import ModelProfile
+from mainspring.time import NS_PER_S
+from mainspring.workload.base import Arrival, Workload
+
+MINUTES_PER_DAY = 1440
+NS_PER_MINUTE = 60 * NS_PER_S
+BUNDLED_TRACE = "azure-functions-2019-sample.csv"
+
+
+def bundled_trace_path() -> Path:
+    """The 900-function sample shipped in the package (source: see docs/workloads.md)."""
+    return Path(str(resources.files("mainspring.workload").joinpath(f"data/{BUNDLED_TRACE}")))
+
+
+def read_trace(path: str | Path) -> list[list[int]]:
+    """Per-function lists of invocations per minute, in file order.
+
+    Accepts both headers: ``HashFunction,HashOwner,HashApp,minute_1..`` (the sample)
+    and ``HashOwner,HashApp,HashFunction,Trigger,1..1440`` (the original trace).
+    """
+    path = Path(path)
+    try:
+        with path.open(newline="") as handle:
+            rows = list(csv.reader(handle))
+    except OSError as error:
+        raise ValueError(f"cannot read trace file {path}: {error.strerror}") from None
+    if not rows:
+        raise ValueError(f"trace file {path} is empty")
+    header = rows[0]
+    first_minute = next((i for i, name in enumerate(header) if name in ("minute_1", "1")), None)
+    if first_minute is None:
+        raise ValueError(f"trace file {path}: header has no 'minute_1' (or '1') column; got {header[:6]}")
+    functions = []
+    for line, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        try:
+            counts = [int(float(v)) if v else 0 for v in row[first_minute:]]
+        except ValueError:
+            raise ValueError(f"trace file {path}, line {line}: invocation counts must be numbers") from None
+        if any(c < 0 for c in counts):
+            raise ValueError(f"trace file {path}, line {line}: negative invocation count")
+        functions.append(counts)
+    if not functions:
+        raise ValueError(f"trace file {path} has no functions")
+    return functions
+
+
+def model_blocks(n_functions: int, n_models: int) -> list[range]:
+    """The models each function (by popularity rank) feeds; see the module docstring."""
+    blocks = []
+    for i in range(n_functions):
+        start = n_models * i // n_functions
+        stop = n_models * (i + 1) // n_functions
+        blocks.append(range(start, max(stop, start + 1)))
+    return blocks
+
+
+@dataclass
+class AzureTrace(Workload):
+    """Replay ``trace`` (path; None for the bundled sample) from ``start_minute`` at ``scale``."""
+
+    trace: str | Path | None = None
+    scale: float = 1.0
+    start_minute: int = 0
+    name = "azure"
+    _functions: list[list[int]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.scale > 0:
+            raise ValueError(f"trace scale must be positive, got {self.scale}")
+        if not 0 <= self.start_minute < MINUTES_PER_DAY:
+            raise ValueError(f"start minute must be in [0, {MINUTES_PER_DAY}), got {self.start_minute}")
+        functions = read_trace(self.trace if self.trace is not None else bundled_trace_path())
+        totals = [sum(counts) for counts in functions]
+        order = sorted(range(len(functions)), key=lambda i: (-totals[i], i))
+        self._functions = [functions[i] for i in order]
+
+    @property
+    def n_functions(self) -> int:
+        return len(self._functions)
+
+    def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
+        names = [m.model for m in models]
+        blocks = model_blocks(self.n_functions, len(names))
+        generator = np.random.default_rng(rng.getrandbits(64))
+        minutes = -(-duration_ns // NS_PER_MINUTE)
+        for minute in range(minutes):
+            column = self.start_minute + minute
+            times, targets = [], []
+            for function, block in zip(self._functions, blocks, strict=True):
+                count = function[column] if column < len(function) else 0
+                if count == 0:
+                    continue
+                n = int(generator.poisson(count * self.scale))
+                if n == 0:
+                    continue
+                times.append(generator.uniform(0, NS_PER_MINUTE, n).astype(np.int64) + minute * NS_PER_MINUTE)
+                targets.append(_pick_in_block(block, n, generator))
+            if not times:
+                continue
+            all_times = np.concatenate(times)
+            all_targets = np.concatenate(targets)
+            order = np.argsort(all_times, kind="stable")
+            for t, m in zip(all_times[order].tolist(), all_targets[order].tolist(), strict=True):
+                if t >= duration_ns:
+                    return
+                yield Arrival(t, names[m])
+
+    def describe(self) -> str:
+        return f"azure trace ({self.n_functions} functions) x{self.scale:g} from minute {self.start_minute}"
+
+
+def _pick_in_block(block: range, n: int, generator: np.random.Generator) -> np.ndarray:
+    if len(block) == 1:
+        return np.full(n, block.start, dtype=np.int64)
+    weights = 1.0 / np.arange(1, len(block) + 1)
+    return block.start + generator.choice(len(block), size=n, p=weights / weights.sum())

@@ -1,0 +1,38 @@
+"""Arrivals and the workload interface every generator implements."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from mainspring.models.profile import ModelProfile
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One request to be made: when, to which model, with which SLO (None: the run's default)."""
+
+    time_ns: int
+    model: str
+    slo_ns: int | None = None
+
+
+class Workload:
+    """Open-loop arrivals (``arrivals``) and, for closed loops, follow-ups (``on_answer``).
+
+    ``arrivals`` must yield in non-decreasing time order and be a pure function of
+    its arguments, so that every policy in a run sees the identical sequence.
+    """
+
+    name = "workload"
+
+    def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
+        raise NotImplementedError
+
+    def on_answer(self, arrival: Arrival, answered_ns: int) -> Arrival | None:
+        """The next arrival caused by this answer (closed loop); None for open loops."""
+        return None
+
+    def describe(self) -> str:
+        return self.name

@@ -1,0 +1,163 @@
+"""Synthetic workloads: Poisson open loop, bursty on/off, closed loop, SLO sweep."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from mainspring.models.profile import ModelProfile
+from mainspring.time import NS_PER_S, s_to_ns
+from mainspring.workload.base import Arrival, Workload
+
+POPULARITIES = ("uniform", "zipf")
+
+
+def popularity_weights(count: int, popularity: str, zipf_s: float = 1.0) -> list[float]:
+    """Relative request share of ``count`` models: equal, or Zipf (rank^-s, rank 1 most popular)."""
+    if popularity == "uniform":
+        return [1.0] * count
+    if popularity == "zipf":
+        return [1.0 / (rank**zipf_s) for rank in range(1, count + 1)]
+    raise ValueError(f"unknown popularity {popularity!r}; choose one of {', '.join(POPULARITIES)}")
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+
+
+@dataclass
+class PoissonOpenLoop(Workload):
+    """Poisson arrivals at ``rate_rps`` in total, spread over the models by popularity."""
+
+    rate_rps: float
+    popularity: str = "uniform"
+    zipf_s: float = 1.0
+    name = "poisson"
+
+    def __post_init__(self) -> None:
+        _positive("rate_rps", self.rate_rps)
+        popularity_weights(1, self.popularity)
+
+    def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
+        weights = popularity_weights(len(models), self.popularity, self.zipf_s)
+        cumulative = list(itertools.accumulate(weights))
+        names = [m.model for m in models]
+        t = 0.0
+        rate_per_ns = self.rate_rps / NS_PER_S
+        while True:
+            t += rng.expovariate(rate_per_ns)
+            if t >= duration_ns:
+                return
+            yield Arrival(int(t), rng.choices(names, cum_weights=cumulative)[0])
+
+    def describe(self) -> str:
+        return f"poisson {self.rate_rps:g} r/s, {self.popularity}"
+
+
+@dataclass
+class BurstyOnOff(Workload):
+    """Each model alternates exponentially long on and off phases; Poisson at ``rate_rps`` while on."""
+
+    rate_rps: float
+    mean_on_s: float = 1.0
+    mean_off_s: float = 4.0
+    name = "bursty"
+
+    def __post_init__(self) -> None:
+        for field_name in ("rate_rps", "mean_on_s", "mean_off_s"):
+            _positive(field_name, getattr(self, field_name))
+
+    def _one_model(self, model: str, duration_ns: int, rng: random.Random) -> list[Arrival]:
+        arrivals = []
+        t = rng.uniform(0, self.mean_off_s) * NS_PER_S
+        rate_per_ns = self.rate_rps / NS_PER_S
+        while t < duration_ns:
+            on_end = t + rng.expovariate(1 / self.mean_on_s) * NS_PER_S
+            t += rng.expovariate(rate_per_ns)
+            while t < min(on_end, duration_ns):
+                arrivals.append(Arrival(int(t), model))
+                t += rng.expovariate(rate_per_ns)
+            t = on_end + rng.expovariate(1 / self.mean_off_s) * NS_PER_S
+        return arrivals
+
+    def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
+        per_model = [self._one_model(m.model, duration_ns, random.Random(rng.getrandbits(64))) for m in models]
+        return heapq.merge(*per_model, key=lambda a: a.time_ns)
+
+    def describe(self) -> str:
+        return f"bursty {self.rate_rps:g} r/s per model while on ({self.mean_on_s:g} s on / {self.mean_off_s:g} s off)"
+
+
+@dataclass
+class ClosedLoop(Workload):
+    """``clients`` clients, each keeping ``outstanding`` requests in flight to its own model."""
+
+    clients: int
+    outstanding: int = 1
+    think_s: float = 0.0
+    name = "closed"
+
+    def __post_init__(self) -> None:
+        _positive("clients", self.clients)
+        _positive("outstanding", self.outstanding)
+        if self.think_s < 0:
+            raise ValueError(f"think_s must not be negative, got {self.think_s}")
+        self._end_ns = 0
+
+    def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
+        self._end_ns = duration_ns
+        for client in range(self.clients):
+            model = models[client % len(models)].model
+            for _ in range(self.outstanding):
+                yield Arrival(0, model)
+
+    def on_answer(self, arrival: Arrival, answered_ns: int) -> Arrival | None:
+        next_ns = answered_ns + s_to_ns(self.think_s)
+        return Arrival(next_ns, arrival.model, arrival.slo_ns) if next_ns < self._end_ns else None
+
+    def describe(self) -> str:
+        return f"closed loop, {self.clients} clients x {self.outstanding} outstanding"
+
+
+@dataclass
+class SloSweep(Workload):
+    """Wraps a workload; every ``interval_s`` the SLO grows by ``growth``, as in Clockwork's Fig. 7.
+
+    The SLO of a request is ``factor x`` its model's batch-1 exec time, starting at
+    ``start_factor`` and capped at ``max_factor``.
+    """
+
+    inner: Workload
+    start_factor: float = 1.0
+    growth: float = 1.5
+    interval_s: float = 10.0
+    max_factor: float = 100.0
+    name = "slo-sweep"
+
+    def __post_init__(self) -> None:
+        for field_name in ("start_factor", "interval_s", "max_factor"):
+            _positive(field_name, getattr(self, field_name))
+        if self.growth < 1:
+            raise ValueError(f"growth must be at least 1, got {self.growth}")
+
+    def factor_at(self, time_ns: int) -> float:
+        steps = time_ns // s_to_ns(self.interval_s)
+        return min(self.max_factor, self.start_factor * self.growth**steps)
+
+    def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
+        batch1 = {m.model: m.exec_time_ns(1) for m in models}
+        for arrival in self.inner.arrivals(models, duration_ns, rng):
+            slo = math.ceil(self.factor_at(arrival.time_ns) * batch1[arrival.model])
+            yield Arrival(arrival.time_ns, arrival.model, slo)
+
+    def on_answer(self, arrival: Arrival, answered_ns: int) -> Arrival | None:
+        return self.inner.on_answer(arrival, answered_ns)
+
+    def describe(self) -> str:
+        steps = f"x{self.growth:g} every {self.interval_s:g} s"
+        return f"SLO sweep x{self.start_factor:g}..x{self.max_factor:g} ({steps}) over {self.inner.describe()}"

@@ -1,0 +1,70 @@
+"""Every test double in one place."""
+
+from __future__ import annotations
+
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import Action, ActionResult, Request
+from mainspring.scheduler.base import Decisions
+from mainspring.time import NS_PER_MS
+from mainspring.worker.pages import MIB
+
+PAGE = 16 * MIB
+
+
+def profile(
+    name: str = "m",
+    exec_ms: dict[int, float] | None = None,
+    load_ms: float = 5.0,
+    pages: int = 2,
+) -> ModelProfile:
+    """A hand-made profile: ``pages`` full 16 MiB pages, exact durations."""
+    exec_ms = exec_ms or {1: 2.0, 2: 3.0, 4: 5.0, 8: 9.0}
+    return ModelProfile(
+        model=name,
+        device_kind="v100",
+        weights_bytes=pages * PAGE,
+        load_ns=round(load_ms * NS_PER_MS),
+        exec_ns={b: round(ms * NS_PER_MS) for b, ms in exec_ms.items()},
+    )
+
+
+class ResultLog:
+    """A result sink that keeps what it was given, in order."""
+
+    def __init__(self) -> None:
+        self.results: list[ActionResult] = []
+
+    def __call__(self, result: ActionResult) -> None:
+        self.results.append(result)
+
+    def by_id(self, action_id: int) -> ActionResult:
+        return next(r for r in self.results if r.action_id == action_id)
+
+
+class ScriptedScheduler:
+    """A policy whose next decisions a test sets by hand; it records what it was told."""
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.results: list[ActionResult] = []
+        self.next = Decisions()
+
+    def on_request(self, request: Request, now_ns: int) -> None:
+        self.requests.append(request)
+
+    def on_result(self, result: ActionResult, now_ns: int) -> None:
+        self.results.append(result)
+
+    def schedule(self, now_ns: int) -> Decisions:
+        decisions, self.next = self.next, Decisions()
+        return decisions
+
+
+class ActionInbox:
+    """A worker link that keeps the actions sent to it."""
+
+    def __init__(self) -> None:
+        self.actions: list[Action] = []
+
+    def submit(self, action: Action) -> None:
+        self.actions.append(action)

@@ -1,0 +1,70 @@
+"""``mainspring simulate`` end to end, as a user runs it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mainspring.cli import main
+
+SMALL = ["simulate", "--models", "200", "--devices", "2", "--duration-s", "20", "--trace-scale", "20", "--quiet"]
+
+
+def test_simulate_writes_table_json_plots_and_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*SMALL, "--policy", "triton,clipper", "--json", str(tmp_path / "r.json")]
+    args += ["--plot", str(tmp_path / "plots"), "--log-dir", str(tmp_path / "logs")]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "SLO attainment" in table and "triton" in table and "clipper" in table
+    results = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert [r["policy"] for r in results] == ["triton", "clipper"]
+    for r in results:
+        assert r["requests"] > 100 and 0 <= r["slo_attainment"] <= 1
+        assert set(r["latency_ms"]) == {"p50", "p99", "p999", "p9999", "max"}
+        assert {"infer_p99", "load_p99"} <= set(r["prediction_error_ms"])
+        for key in ("goodput_rps", "throughput_rps", "rejected", "timed_out", "cold_starts", "loads", "evictions"):
+            assert key in r
+        assert r["simulated_s"] >= 20 and r["wall_s"] > 0
+    assert results[0]["requests"] == results[1]["requests"]  # identical arrivals
+    for png in ("latency-cdf.png", "over-time.png"):
+        assert (tmp_path / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    requests_log = (tmp_path / "logs" / "triton-requests.tsv").read_text().splitlines()
+    assert requests_log[0].split("\t")[:3] == ["request_id", "model", "arrival_ns"]
+    assert len(requests_log) == results[0]["requests"] + 1
+    assert (tmp_path / "logs" / "clipper-actions.tsv").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--policy", "fifo"], "unknown policy fifo"),
+        (["--duration-s", "-5"], "--duration-s must be positive"),
+        (["--workload", "sine"], "unknown workload 'sine'"),
+        (["--trace", "/nonexistent/trace.csv"], "does not exist"),
+        (["--models", "0"], "number of models must be positive"),
+    ],
+)
+def test_bad_flags_give_one_clear_line(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main([*SMALL, *extra])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_malformed_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("no,minutes,here\n1,2,3\n")
+    with pytest.raises(SystemExit):
+        main([*SMALL, "--trace", str(trace)])
+    assert "no 'minute_1'" in capsys.readouterr().err
+
+
+def test_console_script_runs() -> None:
+    exe = Path(sys.executable).parent / "mainspring"
+    assert exe.exists(), "the package is not installed with its console script"
+    command = [str(exe), *SMALL, "--duration-s", "5"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "goodput" in done.stdout

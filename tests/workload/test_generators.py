@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from mainspring.models.profile import ModelProfile
-from mainspring.time import NS_PER_S, ms_to_ns
+from mainspring.time import NS_PER_MS, NS_PER_S, ms_to_ns
 from mainspring.workload import Arrival, BurstyOnOff, ClosedLoop, PoissonOpenLoop, SloSweep
 from mainspring.workload.generators import popularity_weights
 from tests.fakes import profile
@@ -49,9 +49,9 @@ def test_closed_loop_keeps_n_outstanding_and_stops_at_the_end() -> None:
     workload = ClosedLoop(clients=3, outstanding=2)
     initial = list(workload.arrivals(MODELS, 10 * NS_PER_S, random.Random(1)))
     assert len(initial) == 6 and {a.model for a in initial} == {"m0", "m1", "m2"}
-    follow = workload.on_answer(initial[0], 5 * NS_PER_S)
-    assert follow == Arrival(5 * NS_PER_S, "m0")
-    assert workload.on_answer(initial[0], 10 * NS_PER_S) is None
+    assert workload.on_answer(initial[0], 5 * NS_PER_S, True) == Arrival(5 * NS_PER_S, "m0")
+    assert workload.on_answer(initial[0], 5 * NS_PER_S, False) == Arrival(5 * NS_PER_S + 10 * NS_PER_MS, "m0")
+    assert workload.on_answer(initial[0], 10 * NS_PER_S, True) is None
 
 
 def test_slo_sweep_grows_by_a_factor_every_interval() -> None:

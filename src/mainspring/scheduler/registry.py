@@ -11,15 +11,17 @@ from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.baselines.clipper import ClipperScheduler
 from mainspring.scheduler.baselines.reactive import ReactiveConfig
 from mainspring.scheduler.baselines.triton import TritonScheduler
+from mainspring.scheduler.clockwork import ClockworkConfig, ClockworkScheduler
 
 SchedulerFactory = Callable[[Mapping[str, ModelProfile], Sequence[DeviceSpec], random.Random], Scheduler]
 
 _FACTORIES: dict[str, SchedulerFactory] = {
+    "clockwork": lambda profiles, devices, rng: ClockworkScheduler(profiles, devices, ClockworkConfig(), rng),
     "triton": lambda profiles, devices, rng: TritonScheduler(profiles, devices, ReactiveConfig()),
     "clipper": lambda profiles, devices, rng: ClipperScheduler(profiles, devices, ReactiveConfig()),
 }
 
-DEFAULT_POLICY = "triton"
+DEFAULT_POLICY = "clockwork"
 
 
 def policy_names() -> list[str]:

@@ -10,7 +10,7 @@ from functools import partial
 
 from mainspring.controller import Controller
 from mainspring.models.profile import ModelProfile
-from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response
+from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response, ResponseStatus
 from mainspring.scheduler.registry import make_scheduler
 from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
 from mainspring.telemetry.recorder import Recorder
@@ -127,7 +127,8 @@ class _Run:
 
     def _on_answer(self, request: Request, response: Response, output: object) -> None:
         arrival = self._arrival_of.pop(request.id)
-        follow = self.workload.on_answer(arrival, self.loop.now_ns())
+        succeeded = response.status is ResponseStatus.SUCCESS
+        follow = self.workload.on_answer(arrival, self.loop.now_ns(), succeeded)
         if follow is not None:
             self._followups += 1
             self.loop.call_at(

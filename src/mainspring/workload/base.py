@@ -30,7 +30,7 @@ class Workload:
     def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
         raise NotImplementedError
 
-    def on_answer(self, arrival: Arrival, answered_ns: int) -> Arrival | None:
+    def on_answer(self, arrival: Arrival, answered_ns: int, succeeded: bool) -> Arrival | None:
         """The next arrival caused by this answer (closed loop); None for open loops."""
         return None
 

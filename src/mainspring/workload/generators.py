@@ -95,11 +95,16 @@ class BurstyOnOff(Workload):
 
 @dataclass
 class ClosedLoop(Workload):
-    """``clients`` clients, each keeping ``outstanding`` requests in flight to its own model."""
+    """``clients`` clients, each keeping ``outstanding`` requests in flight to its own model.
+
+    After a failed or rejected request a client waits ``backoff_s`` before the next one,
+    as a real client would (an immediate retry of an immediate rejection never ends).
+    """
 
     clients: int
     outstanding: int = 1
     think_s: float = 0.0
+    backoff_s: float = 0.01
     name = "closed"
 
     def __post_init__(self) -> None:
@@ -107,6 +112,7 @@ class ClosedLoop(Workload):
         _positive("outstanding", self.outstanding)
         if self.think_s < 0:
             raise ValueError(f"think_s must not be negative, got {self.think_s}")
+        _positive("backoff_s", self.backoff_s)
         self._end_ns = 0
 
     def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
@@ -116,8 +122,8 @@ class ClosedLoop(Workload):
             for _ in range(self.outstanding):
                 yield Arrival(0, model)
 
-    def on_answer(self, arrival: Arrival, answered_ns: int) -> Arrival | None:
-        next_ns = answered_ns + s_to_ns(self.think_s)
+    def on_answer(self, arrival: Arrival, answered_ns: int, succeeded: bool) -> Arrival | None:
+        next_ns = answered_ns + s_to_ns(self.think_s if succeeded else max(self.think_s, self.backoff_s))
         return Arrival(next_ns, arrival.model, arrival.slo_ns) if next_ns < self._end_ns else None
 
     def describe(self) -> str:
@@ -155,8 +161,8 @@ class SloSweep(Workload):
             slo = math.ceil(self.factor_at(arrival.time_ns) * batch1[arrival.model])
             yield Arrival(arrival.time_ns, arrival.model, slo)
 
-    def on_answer(self, arrival: Arrival, answered_ns: int) -> Arrival | None:
-        return self.inner.on_answer(arrival, answered_ns)
+    def on_answer(self, arrival: Arrival, answered_ns: int, succeeded: bool) -> Arrival | None:
+        return self.inner.on_answer(arrival, answered_ns, succeeded)
 
     def describe(self) -> str:
         steps = f"x{self.growth:g} every {self.interval_s:g} s"

@@ -1,0 +1,44 @@
+"""Settings of the Clockwork policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mainspring.time import ms_to_ns
+
+
+@dataclass(frozen=True)
+class ClockworkConfig:
+    """``horizon_ms``: how far ahead a lane's work is planned (Clockwork: 5-10 ms).
+    ``window_slack_ms``: how late after its earliest start an action may still start
+    (default: the horizon), so the controller's view of a device never drifts far.
+    ``max_batch_size`` caps the profile's supported sizes.
+    ``replica_min_demand``: unmet demand (share of one device's time) that earns a
+    hot model another replica; below it, replicas would churn memory for little."""
+
+    horizon_ms: float = 5.0
+    window_slack_ms: float | None = None
+    estimate_window: int = 10
+    estimate_percentile: float = 99.0
+    max_batch_size: int = 16
+    replication_check_ms: float = 10.0
+    replica_min_demand: float = 0.05
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.horizon_ms < 0:
+            problems.append(f"horizon_ms={self.horizon_ms} must not be negative")
+        if self.window_slack_ms is not None and self.window_slack_ms < 0:
+            problems.append(f"window_slack_ms={self.window_slack_ms} must not be negative")
+        if self.max_batch_size < 1:
+            problems.append(f"max_batch_size={self.max_batch_size} must be at least 1")
+        if problems:
+            raise ValueError("bad clockwork config: " + "; ".join(problems))
+
+    @property
+    def horizon_ns(self) -> int:
+        return ms_to_ns(self.horizon_ms)
+
+    @property
+    def window_slack_ns(self) -> int:
+        return ms_to_ns(self.horizon_ms if self.window_slack_ms is None else self.window_slack_ms)

@@ -1,0 +1,131 @@
+"""Cold starts: which model to load where, and what to evict for it.
+
+Demand of a model is the share of a device its queued requests need: amortised
+work per request at the batch the queue would form, over the time left until the
+requests' deadlines. Each device holding the model serves part of that demand; a
+device asked for more than all of its time serves every model proportionally less.
+Load priority = demand - what the holders serve (Clockwork's "demand minus
+capacity", comparing values, not pointers). A positive priority asks for a load:
+the cold model that nobody holds, or a replica of a hot one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mainspring.scheduler.base import Decisions
+from mainspring.scheduler.clockwork.queues import ModelQueue
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.time import ms_to_ns
+
+NEVER = 1 << 62
+
+if TYPE_CHECKING:
+    from mainspring.scheduler.clockwork.policy import ClockworkScheduler
+
+
+def plan_loads(s: ClockworkScheduler, now_ns: int, decisions: Decisions) -> None:
+    """On every device whose load lane frees within the horizon, load the model most in need.
+
+    Cold models (held nowhere) come first, the most urgent first: each stands for
+    requests that cannot be served at all without it. Replicas of hot models follow,
+    by load priority, checked every ``replication_check_ms``.
+    """
+    limit = now_ns + s.horizon_ns
+    free = [d for d in s.devices if d.load_lane.free_ns <= limit]
+    if not free:
+        return
+    candidates = sorted((_latest_load_start(s, model), model) for model in s.cold)
+    device_load: dict[int, float] = {}
+    if now_ns - s.last_replication_check_ns >= ms_to_ns(s.config.replication_check_ms):
+        s.last_replication_check_ns = now_ns
+        priorities, device_load = load_priorities(s, now_ns)
+        threshold = s.config.replica_min_demand
+        replicas = sorted((-p, m) for m, p in priorities.items() if p >= threshold and m in s.holders)
+        candidates += [(NEVER, model) for _, model in replicas]
+    if not candidates:
+        return
+    free.sort(key=lambda d: d.load_lane.free_ns)
+    for device in free:
+        for index, (_, model) in enumerate(candidates):
+            replica = model in s.holders
+            if device.holds(model) or (replica and device_load.get(device.spec.device, 0.0) >= 1.0):
+                continue
+            if not _can_help(s, device, model, now_ns):
+                continue
+            victims = eviction_victims(s, device, model, idle_only=replica)
+            if victims is None:
+                continue
+            s.issue_load(device, model, victims, now_ns, decisions)
+            del candidates[index]
+            break
+
+
+def _latest_load_start(s: ClockworkScheduler, model: str) -> int:
+    """Latest time a load of ``model`` may start and still serve its most urgent request."""
+    head = s.queues[model].head()
+    kind = s.devices[0].kind
+    deadline = head.deadline_ns if head is not None else NEVER
+    return deadline - s.estimator.load_ns(model, kind) - s.fastest_ns(model, kind)
+
+
+def demand(s: ClockworkScheduler, queue: ModelQueue, now_ns: int) -> float:
+    """Share of one device's time the queued requests of a model need before their deadlines."""
+    head = queue.head()
+    if head is None:
+        return 0.0
+    model = queue.model
+    batch = s.padded(model, min(queue.count, s.batch_sizes(model)[-1]))
+    per_request = s.estimator.exec_ns(model, batch, s.devices[0].kind) / batch
+    slack = max((head.deadline_ns + queue.max_deadline_ns) / 2 - now_ns, per_request)
+    return queue.count * per_request / slack
+
+
+def load_priorities(s: ClockworkScheduler, now_ns: int) -> tuple[dict[str, float], dict[int, float]]:
+    """Demand minus the service of the devices already holding each queued model,
+    and the demand placed on each device (1.0: all of its time)."""
+    demands: dict[str, float] = {}
+    device_load: dict[int, float] = {}
+    for model, queue in s.queues.items():
+        wanted = demands[model] = demand(s, queue, now_ns)
+        holders = s.holders.get(model, ())
+        for device_id in holders:
+            device_load[device_id] = device_load.get(device_id, 0.0) + wanted / len(holders)
+    priorities = {}
+    for model, wanted in demands.items():
+        holders = s.holders.get(model, ())
+        served = sum(wanted / len(holders) / max(1.0, device_load[d]) for d in holders)
+        priorities[model] = wanted - served
+    return priorities, device_load
+
+
+def _can_help(s: ClockworkScheduler, device: DeviceState, model: str, now_ns: int) -> bool:
+    """Would a load started now on ``device`` finish in time for any queued request?"""
+    ready = max(now_ns, device.load_lane.free_ns) + s.estimator.load_ns(model, device.kind)
+    start = max(ready, device.exec_lane.free_ns)
+    smallest = s.batch_sizes(model)[0]
+    return start + s.estimator.exec_ns(model, smallest, device.kind) <= s.queues[model].max_deadline_ns
+
+
+def eviction_victims(
+    s: ClockworkScheduler, device: DeviceState, model: str, idle_only: bool = False
+) -> list[str] | None:
+    """Models to evict so that ``model`` fits: least recently used without queued demand
+    first, then (unless ``idle_only``) least recently used; never one with work in
+    flight. None if impossible."""
+    need = s.pages_of(model, device)
+    if device.free_pages >= need:
+        return []
+    if need > device.spec.total_pages:
+        return None
+    freed = device.free_pages
+    victims: list[str] = []
+    for idle_pass in (True,) if idle_only else (True, False):
+        for held in device.last_used:
+            if freed >= need:
+                return victims
+            if held in device.pinned or held in victims or (idle_pass and held in s.queues):
+                continue
+            victims.append(held)
+            freed += s.pages_of(held, device)
+    return victims if freed >= need else None

@@ -1,0 +1,366 @@
+"""The Clockwork policy (INFER4), improved: predict, plan ahead, reject early.
+
+Pure: it never reads the clock (``now_ns`` is passed in), does no I/O, and its only
+randomness would come from the injected generator. One pass of ``schedule``:
+``_expire`` (reject what can no longer make it), ``_plan_infers`` per device whose
+exec lane frees within the horizon, ``_plan_loads`` for models whose demand the
+devices holding them cannot serve.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import (
+    Action,
+    ActionResult,
+    ActionStatus,
+    DeviceSpec,
+    EvictWeights,
+    Infer,
+    LoadWeights,
+    Request,
+    Response,
+    ResponseStatus,
+)
+from mainspring.scheduler.base import Decisions
+from mainspring.scheduler.clockwork.config import ClockworkConfig
+from mainspring.scheduler.clockwork.estimator import Estimator
+from mainspring.scheduler.clockwork.loads import plan_loads
+from mainspring.scheduler.clockwork.queues import ModelQueue
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.time import NS_PER_S, ns_to_ms
+
+NEVER = 1 << 62
+EVICT_WINDOW_NS = 3600 * NS_PER_S  # an eviction is safe whenever it runs
+
+
+@dataclass(slots=True)
+class _Flight:
+    action: Action
+    requests: list[Request]
+
+
+class ClockworkScheduler:
+    """Predictive, SLO-aware scheduling of many models on many devices."""
+
+    def __init__(
+        self,
+        profiles: Mapping[str, ModelProfile],
+        devices: Sequence[DeviceSpec],
+        config: ClockworkConfig | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not devices:
+            raise ValueError("a scheduler needs at least one device")
+        self.config = config or ClockworkConfig()
+        self.profiles = profiles
+        self.rng = rng or random.Random(0)
+        self.estimator = Estimator(profiles, self.config.estimate_window, self.config.estimate_percentile)
+        self.devices = [DeviceState(spec) for spec in devices]
+        self._device_by_id = {d.spec.device: d for d in self.devices}
+        self._kinds = sorted({d.kind for d in self.devices})
+        self.horizon_ns = self.config.horizon_ns
+        self._slack_ns = self.config.window_slack_ns
+        self.holders: dict[str, set[int]] = {}
+        self.queues: dict[str, ModelQueue] = {}
+        self.cold: set[str] = set()  # queued models that no device holds
+        self._live: dict[int, Request] = {}
+        self._expiry: list[tuple[int, int, str]] = []
+        self._in_flight: dict[int, _Flight] = {}
+        self._responses: list[Response] = []
+        self._next_action_id = 0
+        self._pages: dict[tuple[str, int], int] = {}
+        self._batch_sizes: dict[str, tuple[int, ...]] = {}
+        self.last_replication_check_ns = -NEVER
+
+    # --- the contract ------------------------------------------------------------
+    def on_request(self, request: Request, now_ns: int) -> None:
+        model = request.model
+        if model not in self.profiles:
+            self._answer(request, ResponseStatus.ERROR, f"unknown model {model!r}")
+            return
+        if not any(self.pages_of(model, d) <= d.spec.total_pages for d in self.devices):
+            self._answer(request, ResponseStatus.ERROR, f"model {model!r} does not fit on any device")
+            return
+        earliest = self._earliest_completion(model, now_ns)
+        if earliest > request.deadline_ns:
+            need = ns_to_ms(earliest - request.arrival_ns)
+            slo = ns_to_ms(request.slo_ns)
+            reason = f"deadline cannot be met: earliest completion {need:.2f} ms after arrival, SLO {slo:.2f} ms"
+            self._answer(request, ResponseStatus.REJECTED, reason)
+            return
+        self._enqueue(request)
+
+    def on_result(self, result: ActionResult, now_ns: int) -> None:
+        flight = self._in_flight.pop(result.action_id)
+        action = flight.action
+        device = self._device_by_id[action.device]
+        anchor = result.timing.end_ns if result.timing is not None else now_ns
+        if isinstance(action, Infer):
+            device.exec_lane.complete(action.action_id, anchor)
+            device.unpin(action.model)
+            self._infer_done(action, flight.requests, result, device, now_ns)
+        else:
+            device.load_lane.complete(action.action_id, anchor)
+            if isinstance(action, LoadWeights):
+                device.unpin(action.model)
+                self._load_done(action, result, device)
+
+    def schedule(self, now_ns: int) -> Decisions:
+        decisions = Decisions()
+        self._expire(now_ns)
+        limit = now_ns + self.horizon_ns
+        for device in self.devices:
+            if device.waiting and device.exec_lane.free_ns <= limit:
+                self._plan_infers(device, now_ns, decisions)
+        if self.queues:
+            plan_loads(self, now_ns, decisions)
+        decisions.responses, self._responses = self._responses, []
+        decisions.wakeup_ns = self._next_wakeup(now_ns)
+        return decisions
+
+    # --- admission and queues ------------------------------------------------------
+    def _earliest_completion(self, model: str, now_ns: int) -> int:
+        """Best case over devices: on a holder as soon as its lane frees, else after a cold load."""
+        best = NEVER
+        for device_id in self.holders.get(model, ()):
+            d = self._device_by_id[device_id]
+            start = max(now_ns, d.exec_lane.free_ns, d.ready_ns[model])
+            best = min(best, start + self.fastest_ns(model, d.kind))
+        if best == NEVER:
+            for d in self.devices:
+                ready = max(now_ns, d.load_lane.free_ns) + self.estimator.load_ns(model, d.kind)
+                best = min(best, max(ready, d.exec_lane.free_ns) + self.fastest_ns(model, d.kind))
+        return best
+
+    def _enqueue(self, request: Request) -> None:
+        model = request.model
+        queue = self.queues.get(model)
+        if queue is None:
+            queue = self.queues[model] = ModelQueue(model, self._live)
+            holders = self.holders.get(model, ())
+            for device_id in holders:
+                self._device_by_id[device_id].waiting.add(model)
+            if not holders:
+                self.cold.add(model)
+        queue.push(request)
+        fastest = min(self.fastest_ns(model, kind) for kind in self._kinds)
+        heapq.heappush(self._expiry, (request.deadline_ns - fastest + 1, request.id, model))
+
+    def _expire(self, now_ns: int) -> None:
+        """Reject queued requests that no device could now finish in time."""
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now_ns:
+            _, request_id, model = heapq.heappop(expiry)
+            request = self._live.get(request_id)
+            if request is not None:
+                self.queues[model].forget(request_id)
+                self._answer(request, ResponseStatus.REJECTED, "deadline can no longer be met")
+                self._drop_queue_if_empty(model)
+
+    def _drop_queue_if_empty(self, model: str) -> None:
+        queue = self.queues.get(model)
+        if queue is not None and queue.count == 0:
+            del self.queues[model]
+            self.cold.discard(model)
+            for device_id in self.holders.get(model, ()):
+                self._device_by_id[device_id].waiting.discard(model)
+
+    # --- inference planning -----------------------------------------------------------
+    def _plan_infers(self, device: DeviceState, now_ns: int, decisions: Decisions) -> None:
+        """Fill the exec lane up to the horizon with the least-slack feasible batches."""
+        limit = now_ns + self.horizon_ns
+        while device.waiting:
+            lane_start = max(now_ns, device.exec_lane.free_ns)
+            if lane_start > limit:
+                return
+            best: tuple[int, str, int, int, int] | None = None  # slack, model, start, count, size
+            for model in list(device.waiting):
+                choice = self._best_batch(device, model, lane_start, limit, now_ns)
+                if choice is not None and (best is None or choice[0] < best[0]):
+                    best = choice
+            if best is None:
+                return
+            self._issue_infer(device, best, now_ns, decisions)
+
+    def _best_batch(
+        self, device: DeviceState, model: str, lane_start: int, limit: int, now_ns: int
+    ) -> tuple[int, str, int, int, int] | None:
+        """The largest batch of ``model`` that meets its most urgent deadline here, with its slack."""
+        if model in device.loading:
+            return None  # planned when the load reports: an infer must never race its own load
+        start = lane_start
+        queue = self.queues[model]
+        head = self._feasible_head(queue, now_ns)
+        if head is None:
+            return None
+        kind = device.kind
+        for size in reversed(self.batch_sizes(model)):
+            if start + self.estimator.exec_ns(model, size, kind) <= head.deadline_ns:
+                count = min(queue.count, size)
+                padded = self.padded(model, count)
+                slack = head.deadline_ns - start - self.estimator.exec_ns(model, padded, kind)
+                return slack, model, start, count, padded
+        return None
+
+    def _feasible_head(self, queue: ModelQueue, now_ns: int) -> Request | None:
+        """The most urgent request that some holder can still serve; rejects the ones none can."""
+        while True:
+            head = queue.head()
+            if head is None:
+                self._drop_queue_if_empty(queue.model)
+                return None
+            if self._earliest_completion(queue.model, now_ns) <= head.deadline_ns:
+                return head
+            queue.pop()
+            self._answer(head, ResponseStatus.REJECTED, "deadline can no longer be met")
+
+    def _issue_infer(
+        self, device: DeviceState, choice: tuple[int, str, int, int, int], now_ns: int, decisions: Decisions
+    ) -> None:
+        _, model, start, count, size = choice
+        queue = self.queues[model]
+        batch = [queue.pop() for _ in range(count)]
+        expected = self.estimator.exec_ns(model, size, device.kind)
+        tightest = min(r.deadline_ns for r in batch)
+        latest = min(tightest - expected, start + self._slack_ns)
+        action = Infer(
+            self._new_action_id(), device.spec.device, model, start, latest, expected, tuple(r.id for r in batch), size
+        )
+        device.exec_lane.plan(action.action_id, start, expected)
+        device.pin(model)
+        device.touch(model, now_ns)
+        self._in_flight[action.action_id] = _Flight(action, batch)
+        decisions.actions.append(action)
+        self._drop_queue_if_empty(model)
+
+    # --- results ---------------------------------------------------------------------
+    def _infer_done(
+        self, action: Infer, batch: list[Request], result: ActionResult, device: DeviceState, now_ns: int
+    ) -> None:
+        if result.ok:
+            assert result.timing is not None
+            self.estimator.observe_exec(action.model, action.batch_size, device.kind, result.timing.duration_ns)
+            for request in batch:
+                self._answer(request, ResponseStatus.SUCCESS, action_id=action.action_id)
+            return
+        if result.status is ActionStatus.ERROR:
+            for request in batch:
+                self._answer(request, ResponseStatus.ERROR, f"inference failed: {result.message}")
+            return
+        if result.status is ActionStatus.NOT_RESIDENT and device.holds(action.model):
+            self.release(device, action.model)  # the worker disagrees with our view: believe it
+        for request in batch:  # refused: back to the queue; expiry rejects what cannot make it
+            self._enqueue(request)
+
+    def _load_done(self, action: LoadWeights, result: ActionResult, device: DeviceState) -> None:
+        model = action.model
+        if result.ok:
+            assert result.timing is not None
+            self.estimator.observe_load(model, device.kind, result.timing.duration_ns)
+            device.ready_ns[model] = result.timing.end_ns
+            device.loading.discard(model)
+            return
+        self.release(device, model)
+        if result.status is ActionStatus.ERROR and not self.holders.get(model) and model in self.queues:
+            queue = self.queues[model]
+            while queue.count:
+                self._answer(queue.pop(), ResponseStatus.ERROR, f"loading {model} failed: {result.message}")
+            self._drop_queue_if_empty(model)
+
+    # --- residency (used by load planning) ------------------------------------------------
+    def hold(self, device: DeviceState, model: str, ready_ns: int) -> None:
+        device.ready_ns[model] = ready_ns
+        device.free_pages -= self.pages_of(model, device)
+        device.touch(model, ready_ns)
+        self.holders.setdefault(model, set()).add(device.spec.device)
+        if model in self.queues:
+            device.waiting.add(model)
+            self.cold.discard(model)
+
+    def release(self, device: DeviceState, model: str) -> None:
+        if device.ready_ns.pop(model, None) is None:
+            return
+        device.loading.discard(model)
+        device.free_pages += self.pages_of(model, device)
+        device.last_used.pop(model, None)
+        device.waiting.discard(model)
+        holders = self.holders[model]
+        holders.discard(device.spec.device)
+        if not holders:
+            del self.holders[model]
+            if model in self.queues:
+                self.cold.add(model)
+
+    def issue_load(
+        self, device: DeviceState, model: str, victims: list[str], now_ns: int, decisions: Decisions
+    ) -> None:
+        start = max(now_ns, device.load_lane.free_ns)
+        for victim in victims:
+            self.release(device, victim)
+            evict = EvictWeights(self._new_action_id(), device.spec.device, victim, start, start + EVICT_WINDOW_NS, 0)
+            device.load_lane.plan(evict.action_id, start, 0)
+            self._in_flight[evict.action_id] = _Flight(evict, [])
+            decisions.actions.append(evict)
+        expected = self.estimator.load_ns(model, device.kind)
+        load = LoadWeights(self._new_action_id(), device.spec.device, model, start, start + self._slack_ns, expected)
+        ready = device.load_lane.plan(load.action_id, start, expected)
+        self.hold(device, model, ready)
+        device.loading.add(model)
+        device.pin(model)
+        self._in_flight[load.action_id] = _Flight(load, [])
+        decisions.actions.append(load)
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _next_wakeup(self, now_ns: int) -> int | None:
+        times = []
+        while self._expiry and self._expiry[0][1] not in self._live:
+            heapq.heappop(self._expiry)
+        if self._expiry:
+            times.append(self._expiry[0][0])
+        for d in self.devices:
+            if d.waiting:
+                times.append(d.exec_lane.free_ns - self.horizon_ns)
+            if self.queues and d.load_lane.busy:
+                times.append(d.load_lane.free_ns - self.horizon_ns)
+        future = [t for t in times if t > now_ns]
+        return min(future) if future else None
+
+    def _answer(self, request: Request, status: ResponseStatus, reason: str = "", action_id: int | None = None) -> None:
+        self._responses.append(Response(request.id, status, reason, action_id))
+
+    def _new_action_id(self) -> int:
+        self._next_action_id += 1
+        return self._next_action_id
+
+    def pages_of(self, model: str, device: DeviceState) -> int:
+        key = (model, device.spec.page_bytes)
+        pages = self._pages.get(key)
+        if pages is None:
+            pages = self._pages[key] = self.profiles[model].pages(device.spec.page_bytes)
+        return pages
+
+    def batch_sizes(self, model: str) -> tuple[int, ...]:
+        sizes = self._batch_sizes.get(model)
+        if sizes is None:
+            cap = self.config.max_batch_size
+            sizes = tuple(b for b in self.profiles[model].batch_sizes if b <= cap) or (
+                self.profiles[model].batch_sizes[0],
+            )
+            self._batch_sizes[model] = sizes
+        return sizes
+
+    def fastest_ns(self, model: str, kind: str) -> int:
+        """Estimate of the smallest supported batch: the least any request of ``model`` needs."""
+        return self.estimator.exec_ns(model, self.batch_sizes(model)[0], kind)
+
+    def padded(self, model: str, count: int) -> int:
+        for size in self.batch_sizes(model):
+            if size >= count:
+                return size
+        return self.batch_sizes(model)[-1]

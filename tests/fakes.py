@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterator, Sequence
+
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, Request
 from mainspring.scheduler.base import Decisions
 from mainspring.time import NS_PER_MS
 from mainspring.worker.pages import MIB
+from mainspring.workload.base import Arrival, Workload
 
 PAGE = 16 * MIB
 
@@ -68,3 +72,15 @@ class ActionInbox:
 
     def submit(self, action: Action) -> None:
         self.actions.append(action)
+
+
+class FixedArrivals(Workload):
+    """A workload that replays a given list of arrivals."""
+
+    name = "fixed"
+
+    def __init__(self, arrivals: list[Arrival]) -> None:
+        self._arrivals = sorted(arrivals, key=lambda a: a.time_ns)
+
+    def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
+        return iter([a for a in self._arrivals if a.time_ns < duration_ns])

@@ -14,7 +14,11 @@ class ClockworkConfig:
     (default: the horizon), so the controller's view of a device never drifts far.
     ``max_batch_size`` caps the profile's supported sizes.
     ``replica_min_demand``: unmet demand (share of one device's time) that earns a
-    hot model another replica; below it, replicas would churn memory for little."""
+    hot model another replica; below it, replicas would churn memory for little.
+    ``min_share``: the share of its devices' time a model may always fill with queued
+    work, however busy the other models are; beyond it a model only gets what the
+    others' recent demand (remembered over ``rate_memory_ms``) leaves free. This is
+    what keeps a burst on one model from starving the rest."""
 
     horizon_ms: float = 5.0
     window_slack_ms: float | None = None
@@ -23,6 +27,11 @@ class ClockworkConfig:
     max_batch_size: int = 16
     replication_check_ms: float = 10.0
     replica_min_demand: float = 0.05
+    min_share: float = 0.2
+    share_admission: bool = True
+    lookahead: bool = True
+    queue_demand: bool = True
+    rate_memory_ms: float = 1000.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -30,6 +39,8 @@ class ClockworkConfig:
             problems.append(f"horizon_ms={self.horizon_ms} must not be negative")
         if self.window_slack_ms is not None and self.window_slack_ms < 0:
             problems.append(f"window_slack_ms={self.window_slack_ms} must not be negative")
+        if not 0 < self.min_share <= 1 or self.rate_memory_ms <= 0:
+            problems.append(f"min_share={self.min_share} must lie in (0, 1], rate_memory_ms={self.rate_memory_ms} > 0")
         if self.max_batch_size < 1:
             problems.append(f"max_batch_size={self.max_batch_size} must be at least 1")
         if problems:

@@ -69,3 +69,24 @@ class Estimator:
 
     def observe_load(self, model: str, kind: str, measured_ns: int) -> None:
         self._load_entry(model, kind).add(measured_ns)
+
+
+class DecayingRate:
+    """Exponentially decaying sum of work per unit time: the share of a device that
+    arrivals have recently asked for (1.0: all of it). ``tau_ns`` sets the memory."""
+
+    __slots__ = ("_at_ns", "_tau_ns", "_value")
+
+    def __init__(self, tau_ns: int) -> None:
+        self._tau_ns = tau_ns
+        self._value = 0.0
+        self._at_ns = 0
+
+    def value(self, now_ns: int) -> float:
+        if now_ns > self._at_ns:
+            self._value *= math.exp((self._at_ns - now_ns) / self._tau_ns)
+            self._at_ns = now_ns
+        return self._value
+
+    def add(self, work_ns: float, now_ns: int) -> None:
+        self._value = self.value(now_ns) + work_ns / self._tau_ns

@@ -1,12 +1,13 @@
 """Cold starts: which model to load where, and what to evict for it.
 
-Demand of a model is the share of a device its queued requests need: amortised
-work per request at the batch the queue would form, over the time left until the
-requests' deadlines. Each device holding the model serves part of that demand; a
-device asked for more than all of its time serves every model proportionally less.
-Load priority = demand - what the holders serve (Clockwork's "demand minus
-capacity", comparing values, not pointers). A positive priority asks for a load:
-the cold model that nobody holds, or a replica of a hot one.
+Demand of a model is the share of a device its recent arrivals asked for (a
+decaying sum of their batch-1 work; rejected requests count too, so a model
+throttled by admission still shows its need). Each device holding the model serves
+part of that demand; a device asked for more than all of its time serves every
+model proportionally less. Load priority = demand - what the holders serve
+(Clockwork's "demand minus capacity", comparing values, not pointers). Cold models
+(queued, held nowhere) are loaded first, the most urgent first; a positive priority
+above ``replica_min_demand`` earns a hot model a replica.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mainspring.scheduler.base import Decisions
-from mainspring.scheduler.clockwork.queues import ModelQueue
 from mainspring.scheduler.clockwork.tracker import DeviceState
 from mainspring.time import ms_to_ns
 
@@ -69,34 +69,48 @@ def _latest_load_start(s: ClockworkScheduler, model: str) -> int:
     return deadline - s.estimator.load_ns(model, kind) - s.fastest_ns(model, kind)
 
 
-def demand(s: ClockworkScheduler, queue: ModelQueue, now_ns: int) -> float:
-    """Share of one device's time the queued requests of a model need before their deadlines."""
+def load_priorities(s: ClockworkScheduler, now_ns: int) -> tuple[dict[str, float], dict[int, float]]:
+    """Per queued model: its recent demand (share of a device its arrivals asked for)
+    minus what the devices holding it can give it; and the demand on each device.
+
+    A device asked for more than all of its time (demand above 1.0) serves each of
+    its models proportionally less, so their priorities turn positive.
+    """
+    device_load = {d.spec.device: d.demand.value(now_ns) for d in s.devices}
+    wanted = {model: s.model_demand(model, now_ns) for model in s.queues}
+    priorities = _minus_served(s, wanted, device_load)
+    if s.config.queue_demand:
+        queued = {model: queue_demand(s, model, now_ns) for model in s.queues}
+        queue_load: dict[int, float] = {}
+        for model, demand in queued.items():
+            holders = s.holders.get(model, ())
+            for device_id in holders:
+                queue_load[device_id] = queue_load.get(device_id, 0.0) + demand / len(holders)
+        for model, p in _minus_served(s, queued, queue_load).items():
+            priorities[model] = max(priorities[model], p)
+        device_load = {d: max(load, queue_load.get(d, 0.0)) for d, load in device_load.items()}
+    return priorities, device_load
+
+
+def _minus_served(s: ClockworkScheduler, wanted: dict[str, float], device_load: dict[int, float]) -> dict[str, float]:
+    priorities = {}
+    for model, demand in wanted.items():
+        holders = s.holders.get(model, ())
+        served = sum(demand / len(holders) / max(1.0, device_load.get(d, 0.0)) for d in holders)
+        priorities[model] = demand - served
+    return priorities
+
+
+def queue_demand(s: ClockworkScheduler, model: str, now_ns: int) -> float:
+    """Share of one device the queued requests of a model need before their deadlines."""
+    queue = s.queues[model]
     head = queue.head()
     if head is None:
         return 0.0
-    model = queue.model
     batch = s.padded(model, min(queue.count, s.batch_sizes(model)[-1]))
     per_request = s.estimator.exec_ns(model, batch, s.devices[0].kind) / batch
     slack = max((head.deadline_ns + queue.max_deadline_ns) / 2 - now_ns, per_request)
     return queue.count * per_request / slack
-
-
-def load_priorities(s: ClockworkScheduler, now_ns: int) -> tuple[dict[str, float], dict[int, float]]:
-    """Demand minus the service of the devices already holding each queued model,
-    and the demand placed on each device (1.0: all of its time)."""
-    demands: dict[str, float] = {}
-    device_load: dict[int, float] = {}
-    for model, queue in s.queues.items():
-        wanted = demands[model] = demand(s, queue, now_ns)
-        holders = s.holders.get(model, ())
-        for device_id in holders:
-            device_load[device_id] = device_load.get(device_id, 0.0) + wanted / len(holders)
-    priorities = {}
-    for model, wanted in demands.items():
-        holders = s.holders.get(model, ())
-        served = sum(wanted / len(holders) / max(1.0, device_load[d]) for d in holders)
-        priorities[model] = wanted - served
-    return priorities, device_load
 
 
 def _can_help(s: ClockworkScheduler, device: DeviceState, model: str, now_ns: int) -> bool:

@@ -13,6 +13,7 @@ import heapq
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import (
@@ -29,14 +30,25 @@ from mainspring.protocol import (
 )
 from mainspring.scheduler.base import Decisions
 from mainspring.scheduler.clockwork.config import ClockworkConfig
-from mainspring.scheduler.clockwork.estimator import Estimator
+from mainspring.scheduler.clockwork.estimator import DecayingRate, Estimator
 from mainspring.scheduler.clockwork.loads import plan_loads
 from mainspring.scheduler.clockwork.queues import ModelQueue
 from mainspring.scheduler.clockwork.tracker import DeviceState
-from mainspring.time import NS_PER_S, ns_to_ms
+from mainspring.time import NS_PER_S, ms_to_ns, ns_to_ms
 
 NEVER = 1 << 62
 EVICT_WINDOW_NS = 3600 * NS_PER_S  # an eviction is safe whenever it runs
+
+
+class _Choice(NamedTuple):
+    """A candidate batch; ordered by slack (``deadline`` is its most urgent request's)."""
+
+    slack: int
+    model: str
+    start: int
+    count: int
+    size: int
+    deadline: int
 
 
 @dataclass(slots=True)
@@ -61,7 +73,9 @@ class ClockworkScheduler:
         self.profiles = profiles
         self.rng = rng or random.Random(0)
         self.estimator = Estimator(profiles, self.config.estimate_window, self.config.estimate_percentile)
-        self.devices = [DeviceState(spec) for spec in devices]
+        self._rate_memory_ns = ms_to_ns(self.config.rate_memory_ms)
+        self.devices = [DeviceState(spec, self._rate_memory_ns) for spec in devices]
+        self._model_demand: dict[str, DecayingRate] = {}
         self._device_by_id = {d.spec.device: d for d in self.devices}
         self._kinds = sorted({d.kind for d in self.devices})
         self.horizon_ns = self.config.horizon_ns
@@ -87,14 +101,18 @@ class ClockworkScheduler:
         if not any(self.pages_of(model, d) <= d.spec.total_pages for d in self.devices):
             self._answer(request, ResponseStatus.ERROR, f"model {model!r} does not fit on any device")
             return
+        self._record_demand(model, now_ns)
         earliest = self._earliest_completion(model, now_ns)
         if earliest > request.deadline_ns:
             need = ns_to_ms(earliest - request.arrival_ns)
             slo = ns_to_ms(request.slo_ns)
             reason = f"deadline cannot be met: earliest completion {need:.2f} ms after arrival, SLO {slo:.2f} ms"
             self._answer(request, ResponseStatus.REJECTED, reason)
-            return
-        self._enqueue(request)
+        elif self.config.share_admission and not self._within_share(request, now_ns):
+            reason = f"overloaded: requests queued for {model} already fill its share of the devices until the deadline"
+            self._answer(request, ResponseStatus.REJECTED, reason)
+        else:
+            self._enqueue(request)
 
     def on_result(self, result: ActionResult, now_ns: int) -> None:
         flight = self._in_flight.pop(result.action_id)
@@ -138,6 +156,47 @@ class ClockworkScheduler:
                 best = min(best, max(ready, d.exec_lane.free_ns) + self.fastest_ns(model, d.kind))
         return best
 
+    def _record_demand(self, model: str, now_ns: int) -> None:
+        """Remember how much device time this model's arrivals ask for, on the devices holding it."""
+        work = self.fastest_ns(model, self.devices[0].kind)
+        rate = self._model_demand.get(model)
+        if rate is None:
+            rate = self._model_demand[model] = DecayingRate(self._rate_memory_ns)
+        rate.add(work, now_ns)
+        holders = self.holders.get(model, ())
+        for device_id in holders:
+            self._device_by_id[device_id].demand.add(work / len(holders), now_ns)
+
+    def model_demand(self, model: str, now_ns: int) -> float:
+        rate = self._model_demand.get(model)
+        return 0.0 if rate is None else rate.value(now_ns)
+
+    def _within_share(self, request: Request, now_ns: int) -> bool:
+        """Does the model's queued work, with this request, fit in the share of its holders' time
+        before the deadline that the other models' recent demand leaves it (at least ``min_share``)?"""
+        model = request.model
+        holders = self.holders.get(model)
+        if not holders:
+            return True  # cold: the load planner decides
+        own = self.model_demand(model, now_ns) / len(holders)
+        room = 0.0
+        for device_id in holders:
+            d = self._device_by_id[device_id]
+            others = d.demand.value(now_ns) - own
+            share = max(self.config.min_share, 1.0 - others)
+            room += max(0, request.deadline_ns - max(now_ns, d.exec_lane.free_ns)) * share
+        queue = self.queues.get(model)
+        count = 1 + (queue.count if queue is not None else 0)
+        return self._queued_work_ns(model, count) <= room
+
+    def _queued_work_ns(self, model: str, count: int) -> int:
+        """Exec time of ``count`` requests in full batches of the largest size, then one padded batch."""
+        kind = self.devices[0].kind
+        largest = self.batch_sizes(model)[-1]
+        full, rest = divmod(count, largest)
+        work = full * self.estimator.exec_ns(model, largest, kind)
+        return work + (self.estimator.exec_ns(model, self.padded(model, rest), kind) if rest else 0)
+
     def _enqueue(self, request: Request) -> None:
         model = request.model
         queue = self.queues.get(model)
@@ -179,34 +238,62 @@ class ClockworkScheduler:
             lane_start = max(now_ns, device.exec_lane.free_ns)
             if lane_start > limit:
                 return
-            best: tuple[int, str, int, int, int] | None = None  # slack, model, start, count, size
+            choices = []
             for model in list(device.waiting):
-                choice = self._best_batch(device, model, lane_start, limit, now_ns)
-                if choice is not None and (best is None or choice[0] < best[0]):
-                    best = choice
-            if best is None:
+                choice = self._best_batch(device, model, lane_start, now_ns)
+                if choice is not None:
+                    choices.append(choice)
+            if not choices:
                 return
-            self._issue_infer(device, best, now_ns, decisions)
+            chosen = min(choices)
+            if len(choices) > 1 and self.config.lookahead:
+                chosen = self._spare_the_next(device, chosen, choices)
+            self._issue_infer(device, chosen, now_ns, decisions)
 
-    def _best_batch(
-        self, device: DeviceState, model: str, lane_start: int, limit: int, now_ns: int
-    ) -> tuple[int, str, int, int, int] | None:
+    def _best_batch(self, device: DeviceState, model: str, start: int, now_ns: int) -> _Choice | None:
         """The largest batch of ``model`` that meets its most urgent deadline here, with its slack."""
         if model in device.loading:
             return None  # planned when the load reports: an infer must never race its own load
-        start = lane_start
         queue = self.queues[model]
         head = self._feasible_head(queue, now_ns)
         if head is None:
             return None
+        return self._batch_within(device, model, start, head.deadline_ns)
+
+    def _batch_within(self, device: DeviceState, model: str, start: int, finish_by: int) -> _Choice | None:
+        """The largest batch of ``model`` starting at ``start`` that ends by ``finish_by``."""
+        queue = self.queues[model]
+        head = queue.head()
+        if head is None:
+            return None
         kind = device.kind
         for size in reversed(self.batch_sizes(model)):
-            if start + self.estimator.exec_ns(model, size, kind) <= head.deadline_ns:
+            if start + self.estimator.exec_ns(model, size, kind) <= finish_by:
                 count = min(queue.count, size)
                 padded = self.padded(model, count)
                 slack = head.deadline_ns - start - self.estimator.exec_ns(model, padded, kind)
-                return slack, model, start, count, padded
+                return _Choice(slack, model, start, count, padded, head.deadline_ns)
         return None
+
+    def _spare_the_next(self, device: DeviceState, chosen: _Choice, choices: list[_Choice]) -> _Choice:
+        """One step of lookahead that Clockwork's bump lacks: if the least-slack batch would
+        end too late for the next most urgent model, run that model first when the chosen
+        one can afford the wait, else shrink the chosen batch so both make it."""
+        kind = device.kind
+        chosen_end = chosen.start + self.estimator.exec_ns(chosen.model, chosen.size, kind)
+        others = [c for c in choices if c.model != chosen.model]
+        urgent = min(others, key=lambda c: c.deadline - self.fastest_ns(c.model, kind))
+        urgent_latest_start = urgent.deadline - self.fastest_ns(urgent.model, kind)
+        if chosen_end <= urgent_latest_start:
+            return chosen
+        chosen_ns = self.estimator.exec_ns(chosen.model, chosen.size, kind)
+        first = self._batch_within(
+            device, urgent.model, urgent.start, min(urgent.deadline, chosen.deadline - chosen_ns)
+        )
+        if first is not None:
+            return first
+        smaller = self._batch_within(device, chosen.model, chosen.start, urgent_latest_start)
+        return smaller if smaller is not None and smaller.deadline >= chosen.deadline else chosen
 
     def _feasible_head(self, queue: ModelQueue, now_ns: int) -> Request | None:
         """The most urgent request that some holder can still serve; rejects the ones none can."""
@@ -220,10 +307,8 @@ class ClockworkScheduler:
             queue.pop()
             self._answer(head, ResponseStatus.REJECTED, "deadline can no longer be met")
 
-    def _issue_infer(
-        self, device: DeviceState, choice: tuple[int, str, int, int, int], now_ns: int, decisions: Decisions
-    ) -> None:
-        _, model, start, count, size = choice
+    def _issue_infer(self, device: DeviceState, choice: _Choice, now_ns: int, decisions: Decisions) -> None:
+        _, model, start, count, size, _ = choice
         queue = self.queues[model]
         batch = [queue.pop() for _ in range(count)]
         expected = self.estimator.exec_ns(model, size, device.kind)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from mainspring.protocol import DeviceSpec
+from mainspring.scheduler.clockwork.estimator import DecayingRate
 
 
 class LaneTracker:
@@ -43,8 +44,9 @@ class LaneTracker:
 class DeviceState:
     """The controller's view of one device; the worker's page accounting, replayed."""
 
-    def __init__(self, spec: DeviceSpec) -> None:
+    def __init__(self, spec: DeviceSpec, rate_memory_ns: int) -> None:
         self.spec = spec
+        self.demand = DecayingRate(rate_memory_ns)  # share of this device recent arrivals asked for
         self.kind = spec.kind
         self.exec_lane = LaneTracker()
         self.load_lane = LaneTracker()

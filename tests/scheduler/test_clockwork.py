@@ -1,0 +1,232 @@
+"""The Clockwork policy fed by hand, as vLLM tests its scheduler: no devices, no clock."""
+
+from mainspring.protocol import (
+    ActionResult,
+    ActionStatus,
+    DeviceSpec,
+    EvictWeights,
+    Infer,
+    LoadWeights,
+    Request,
+    ResponseStatus,
+    Timing,
+)
+from mainspring.scheduler.base import Decisions
+from mainspring.scheduler.clockwork import ClockworkConfig, ClockworkScheduler
+from mainspring.time import NS_PER_MS
+from tests.fakes import PAGE, profile
+
+MS = NS_PER_MS
+# Exec: batch 1: 2 ms, 2: 3 ms, 4: 5 ms, 8: 9 ms. Load: 5 ms. Four pages each.
+PROFILES = {name: profile(name, pages=4) for name in ("a", "b", "c", "d")}
+
+
+def scheduler(devices: int = 1, pages: int = 100, **config: float) -> ClockworkScheduler:
+    specs = [DeviceSpec(i, "v100", pages * PAGE, PAGE) for i in range(devices)]
+    return ClockworkScheduler(PROFILES, specs, ClockworkConfig(**config))  # type: ignore[arg-type]
+
+
+def request(i: int, model: str, at: int, slo_ms: float = 100) -> Request:
+    slo = round(slo_ms * MS)
+    return Request(i, model, at, at + slo, slo)
+
+
+def ok(action_id: int, device: int, begin: int, end: int) -> ActionResult:
+    return ActionResult(action_id, device, ActionStatus.OK, Timing(begin, end))
+
+
+def warm(policy: ClockworkScheduler, model: str, device: int = 0, at: int = 0) -> int:
+    """Get ``model`` loaded on ``device`` by a request, serve it; returns the time after."""
+    policy.on_request(request(10_000 + at, model, at), at)
+    loads = [a for a in policy.schedule(at).actions if isinstance(a, LoadWeights)]
+    (load,) = [a for a in loads if a.model == model]
+    assert load.device == device
+    end = at + 5 * MS
+    policy.on_result(ok(load.action_id, device, at, end), end)
+    (infer,) = policy.schedule(end).actions
+    assert isinstance(infer, Infer)
+    done = end + 2 * MS
+    policy.on_result(ok(infer.action_id, device, end, done), done)
+    policy.schedule(done)
+    return done
+
+
+def infers(decisions: Decisions) -> list[Infer]:
+    return [a for a in decisions.actions if isinstance(a, Infer)]
+
+
+def test_batch_is_the_largest_that_meets_every_deadline() -> None:
+    policy = scheduler()
+    now = warm(policy, "a")
+    # Six requests; the most urgent can wait 6 ms: batch 4 (5 ms) fits, batch 8 (9 ms) does not.
+    for i in range(6):
+        policy.on_request(request(i, "a", now, slo_ms=6 if i == 0 else 50), now)
+    (first, *_) = infers(policy.schedule(now))
+    assert first.batch_size == 4 and first.request_ids == (0, 1, 2, 3)
+    assert first.earliest_ns == now and first.expected_duration_ns == 5 * MS
+    assert first.latest_ns == now + 1 * MS  # the latest start that still meets request 0
+    # With a relaxed head deadline the whole queue goes as one padded batch of 8.
+    policy = scheduler()
+    now = warm(policy, "a")
+    for i in range(6):
+        policy.on_request(request(i, "a", now), now)
+    (batch,) = infers(policy.schedule(now))
+    assert batch.batch_size == 8 and len(batch.request_ids) == 6
+    assert batch.latest_ns == now + 5 * MS  # capped at earliest + slack (the horizon)
+
+
+def test_early_rejection_at_arrival_with_the_reason() -> None:
+    policy = scheduler()
+    now = warm(policy, "a")
+    policy.on_request(request(1, "a", now, slo_ms=1.5), now)  # batch-1 takes 2 ms
+    policy.on_request(request(2, "b", now, slo_ms=6), now)  # cold: 5 ms load + 2 ms exec
+    policy.on_request(request(3, "a", now, slo_ms=2.5), now)  # an SLO under 5 ms that can be met
+    decisions = policy.schedule(now)
+    rejected = {r.request_id: r for r in decisions.responses}
+    assert set(rejected) == {1, 2}
+    assert all(r.status is ResponseStatus.REJECTED and "deadline cannot be met" in r.reason for r in rejected.values())
+    assert "SLO 1.50 ms" in rejected[1].reason
+    assert [i.request_ids for i in infers(decisions)] == [(3,)]
+
+
+def test_queued_requests_are_rejected_as_soon_as_they_cannot_make_it() -> None:
+    policy = scheduler()
+    now = warm(policy, "a")
+    policy.on_request(request(1, "a", now, slo_ms=50), now)
+    (long_batch,) = infers(policy.schedule(now))
+    policy.on_request(request(2, "a", now, slo_ms=4), now)  # lane busy for 2 ms, then 2 ms: just fits
+    decisions = policy.schedule(now)
+    assert decisions.responses == []
+    (second,) = infers(decisions)
+    assert second.request_ids == (2,) and second.earliest_ns == now + 2 * MS
+    # The first batch runs 3 ms late; the second is refused as too late and cannot make it any more.
+    policy.on_result(ok(long_batch.action_id, 0, now, now + 5 * MS), now + 5 * MS)
+    policy.on_result(ActionResult(second.action_id, 0, ActionStatus.TOO_LATE), now + 5 * MS)
+    (rejection,) = policy.schedule(now + 5 * MS).responses[1:]
+    assert rejection.request_id == 2 and rejection.status is ResponseStatus.REJECTED
+
+
+def test_a_late_result_shifts_the_predicted_free_time() -> None:
+    policy = scheduler()
+    now = warm(policy, "a")
+    policy.on_request(request(1, "a", now), now)
+    (infer,) = infers(policy.schedule(now))
+    lane = policy.devices[0].exec_lane
+    assert lane.free_ns == now + 2 * MS
+    policy.on_result(ok(infer.action_id, 0, now, now + 7 * MS), now + 7 * MS)  # 5 ms late
+    assert lane.free_ns == now + 7 * MS
+    policy.on_request(request(2, "a", now + 7 * MS), now + 7 * MS)
+    (next_infer,) = infers(policy.schedule(now + 7 * MS))
+    assert next_infer.earliest_ns == now + 7 * MS
+    # The estimate learned from the measurement: p99 of the window is the 7 ms run.
+    assert next_infer.expected_duration_ns == 7 * MS
+
+
+def test_refused_batch_that_can_still_make_it_is_requeued() -> None:
+    policy = scheduler()
+    now = warm(policy, "a")
+    policy.on_request(request(1, "a", now), now)
+    (infer,) = infers(policy.schedule(now))
+    policy.on_result(ActionResult(infer.action_id, 0, ActionStatus.TOO_EARLY), now + MS)
+    (again,) = infers(policy.schedule(now + MS))
+    assert again.request_ids == (1,)
+
+
+def test_cold_load_and_the_infer_after_it() -> None:
+    policy = scheduler()
+    policy.on_request(request(1, "a", 0), 0)
+    decisions = policy.schedule(0)
+    (load,) = decisions.actions
+    assert isinstance(load, LoadWeights) and load.expected_duration_ns == 5 * MS
+    assert decisions.wakeup_ns is not None
+    assert infers(policy.schedule(MS)) == []  # never planned before the load reports
+    policy.on_result(ok(load.action_id, 0, 0, 6 * MS), 6 * MS)
+    (infer,) = infers(policy.schedule(6 * MS))
+    assert infer.request_ids == (1,) and infer.earliest_ns == 6 * MS
+
+
+def test_eviction_prefers_least_recently_used_idle_models() -> None:
+    policy = scheduler(pages=12)  # room for three models
+    now = 0
+    for model in ("a", "b", "c"):
+        now = warm(policy, model, at=now)
+    policy.on_request(request(1, "a", now), now)  # "a" is the LRU model but has queued demand
+    decisions = policy.schedule(now)
+    (served,) = infers(decisions)
+    policy.on_result(ok(served.action_id, 0, now, now + 2 * MS), now + 2 * MS)
+    now += 2 * MS
+    policy.schedule(now)
+    policy.on_request(request(2, "d", now), now)
+    evict, load = policy.schedule(now).actions
+    assert isinstance(evict, EvictWeights) and evict.model == "b"  # LRU among the idle ones
+    assert isinstance(load, LoadWeights) and load.model == "d"
+    assert evict.earliest_ns <= load.earliest_ns
+
+
+def test_models_in_use_are_never_evicted() -> None:
+    policy = scheduler(pages=8)  # room for two models
+    now = warm(policy, "a")
+    now = warm(policy, "b", at=now)
+    for i in range(3):
+        policy.on_request(request(i, "a" if i < 2 else "b", now), now)
+    policy.on_request(request(9, "c", now), now)
+    decisions = policy.schedule(now)
+    assert not [a for a in decisions.actions if isinstance(a, EvictWeights)]  # both busy or queued
+
+
+def test_cold_loads_go_to_the_most_urgent_model_first() -> None:
+    policy = scheduler(devices=1)
+    policy.on_request(request(1, "a", 0, slo_ms=100), 0)
+    policy.on_request(request(2, "b", 0, slo_ms=30), 0)
+    (load,) = policy.schedule(0).actions
+    assert isinstance(load, LoadWeights) and load.model == "b"
+
+
+def hot_stream(policy: ClockworkScheduler, model: str, start: int, rate_per_ms: int, duration_ms: int) -> int:
+    """Requests at ``rate_per_ms`` for ``duration_ms``; returns the time after."""
+    request_id = 100_000
+    for ms in range(duration_ms):
+        for _ in range(rate_per_ms):
+            request_id += 1
+            now = start + ms * MS
+            policy.on_request(request(request_id, model, now, slo_ms=20), now)
+    return start + duration_ms * MS
+
+
+def test_a_hot_model_gets_a_replica_on_another_device() -> None:
+    policy = scheduler(devices=2)
+    warm(policy, "a")
+    assert policy.holders["a"] == {0}
+    # Two requests a millisecond at 2 ms each: four devices' worth, for 400 ms.
+    now = hot_stream(policy, "a", 12 * MS, 2, 400)
+    policy.schedule(now)  # nothing was served meanwhile: the queue expires
+    now += 10 * MS
+    for i in range(30):  # more than device 0 plans within its horizon
+        policy.on_request(request(i, "a", now, slo_ms=50), now)
+    decisions = policy.schedule(now)
+    (replica,) = [a for a in decisions.actions if isinstance(a, LoadWeights)]
+    assert replica.model == "a" and replica.device == 1
+    assert policy.holders["a"] == {0, 1}
+
+
+def test_load_priority_is_demand_minus_what_holders_serve() -> None:
+    from mainspring.scheduler.clockwork.loads import load_priorities
+
+    policy = scheduler(devices=2)
+    now = warm(policy, "a")
+    now = warm(policy, "b", device=1, at=now)
+    now = hot_stream(policy, "a", now, 2, 400)
+    policy.on_request(request(99, "b", now, slo_ms=20), now)
+    priorities, device_load = load_priorities(policy, now)
+    assert device_load[0] > 1.0 > device_load[1]
+    assert priorities["a"] > 0.3 and priorities["b"] == 0.0
+
+
+def test_a_burst_beyond_the_models_share_is_rejected_at_once_as_overload() -> None:
+    policy = scheduler()
+    now = warm(policy, "a")
+    for i in range(200):  # 20 ms SLO; batches of 8 in 9 ms: about 16 fit
+        policy.on_request(request(i, "a", now, slo_ms=20), now)
+    rejected = [r for r in policy.schedule(now).responses if r.status is ResponseStatus.REJECTED]
+    assert 170 < len(rejected) < 190
+    assert all("overloaded" in r.reason for r in rejected)

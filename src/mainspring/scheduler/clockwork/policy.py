@@ -46,7 +46,7 @@ class _Choice(NamedTuple):
     slack: int
     model: str
     start: int
-    count: int
+    n_requests: int
     size: int
     deadline: int
 

@@ -28,6 +28,7 @@ class ClockworkConfig:
     replication_check_ms: float = 10.0
     replica_min_demand: float = 0.05
     min_share: float = 0.2
+    max_batch_slo_fraction: float = 0.5
     share_admission: bool = True
     lookahead: bool = True
     queue_demand: bool = True

@@ -36,6 +36,8 @@ def plan_loads(s: ClockworkScheduler, now_ns: int, decisions: Decisions) -> None
     if not free:
         return
     candidates = sorted((_latest_load_start(s, model), model) for model in s.cold)
+    # Models whose requests could not wait for a load: loaded when memory is idle, busiest first.
+    candidates += sorted((NEVER - int(1e9 * s.model_demand(m, now_ns)), m) for m in s.turned_away)
     device_load: dict[int, float] = {}
     if now_ns - s.last_replication_check_ns >= ms_to_ns(s.config.replication_check_ms):
         s.last_replication_check_ns = now_ns
@@ -49,11 +51,12 @@ def plan_loads(s: ClockworkScheduler, now_ns: int, decisions: Decisions) -> None
     for device in free:
         for index, (_, model) in enumerate(candidates):
             replica = model in s.holders
+            prefetch = model not in s.queues
             if device.holds(model) or (replica and device_load.get(device.spec.device, 0.0) >= 1.0):
                 continue
-            if not _can_help(s, device, model, now_ns):
+            if not prefetch and not _can_help(s, device, model, now_ns):
                 continue
-            victims = eviction_victims(s, device, model, idle_only=replica)
+            victims = eviction_victims(s, device, model, idle_only=replica or prefetch)
             if victims is None:
                 continue
             s.issue_load(device, model, victims, now_ns, decisions)

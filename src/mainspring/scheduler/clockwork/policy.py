@@ -83,6 +83,7 @@ class ClockworkScheduler:
         self.holders: dict[str, set[int]] = {}
         self.queues: dict[str, ModelQueue] = {}
         self.cold: set[str] = set()  # queued models that no device holds
+        self.turned_away: set[str] = set()  # models held nowhere whose requests were rejected
         self._live: dict[int, Request] = {}
         self._expiry: list[tuple[int, int, str]] = []
         self._in_flight: dict[int, _Flight] = {}
@@ -102,12 +103,14 @@ class ClockworkScheduler:
             self._answer(request, ResponseStatus.ERROR, f"model {model!r} does not fit on any device")
             return
         self._record_demand(model, now_ns)
-        earliest = self._earliest_completion(model, now_ns)
+        earliest = self._admission_bound(request, now_ns)
         if earliest > request.deadline_ns:
             need = ns_to_ms(earliest - request.arrival_ns)
             slo = ns_to_ms(request.slo_ns)
             reason = f"deadline cannot be met: earliest completion {need:.2f} ms after arrival, SLO {slo:.2f} ms"
             self._answer(request, ResponseStatus.REJECTED, reason)
+            if model not in self.holders:
+                self.turned_away.add(model)  # load it anyway, so that later requests can be served
         elif self.config.share_admission and not self._within_share(request, now_ns):
             reason = f"overloaded: requests queued for {model} already fill its share of the devices until the deadline"
             self._answer(request, ResponseStatus.REJECTED, reason)
@@ -136,13 +139,26 @@ class ClockworkScheduler:
         for device in self.devices:
             if device.waiting and device.exec_lane.free_ns <= limit:
                 self._plan_infers(device, now_ns, decisions)
-        if self.queues:
+        if self.queues or self.turned_away:
             plan_loads(self, now_ns, decisions)
         decisions.responses, self._responses = self._responses, []
         decisions.wakeup_ns = self._next_wakeup(now_ns)
         return decisions
 
     # --- admission and queues ------------------------------------------------------
+    def _admission_bound(self, request: Request, now_ns: int) -> int:
+        """A lower bound on when ``request`` can complete: the earliest completion of its model,
+        and, when every queued request of the model is due no later, after all of them too
+        (in full batches, shared by the devices holding the model)."""
+        model = request.model
+        earliest = self._earliest_completion(model, now_ns)
+        queue = self.queues.get(model)
+        holders = self.holders.get(model)
+        if queue is None or not holders or request.deadline_ns < queue.max_deadline_ns:
+            return earliest
+        start = min(max(now_ns, self._device_by_id[d].exec_lane.free_ns) for d in holders)
+        return max(earliest, start + self._queued_work_ns(model, queue.count + 1) // len(holders))
+
     def _earliest_completion(self, model: str, now_ns: int) -> int:
         """Best case over devices: on a holder as soon as its lane frees, else after a cold load."""
         best = NEVER
@@ -172,19 +188,23 @@ class ClockworkScheduler:
         return 0.0 if rate is None else rate.value(now_ns)
 
     def _within_share(self, request: Request, now_ns: int) -> bool:
-        """Does the model's queued work, with this request, fit in the share of its holders' time
-        before the deadline that the other models' recent demand leaves it (at least ``min_share``)?"""
+        """A model whose recent demand exceeds its share of its holders (what the other models'
+        demand leaves it, at least ``min_share``) may queue only as much work as that share
+        of their time until this request's deadline. Models within their share pass."""
         model = request.model
         holders = self.holders.get(model)
         if not holders:
             return True  # cold: the load planner decides
         own = self.model_demand(model, now_ns) / len(holders)
         room = 0.0
+        over_share = False
         for device_id in holders:
             d = self._device_by_id[device_id]
-            others = d.demand.value(now_ns) - own
-            share = max(self.config.min_share, 1.0 - others)
+            share = max(self.config.min_share, 1.0 - (d.demand.value(now_ns) - own))
+            over_share = over_share or own > share
             room += max(0, request.deadline_ns - max(now_ns, d.exec_lane.free_ns)) * share
+        if not over_share:
+            return True  # a model within its share is only ever refused by its deadline
         queue = self.queues.get(model)
         count = 1 + (queue.count if queue is not None else 0)
         return self._queued_work_ns(model, count) <= room
@@ -267,8 +287,10 @@ class ClockworkScheduler:
         if head is None:
             return None
         kind = device.kind
+        longest = self.config.max_batch_slo_fraction * head.slo_ns if len(device.waiting) > 1 else NEVER
         for size in reversed(self.batch_sizes(model)):
-            if start + self.estimator.exec_ns(model, size, kind) <= finish_by:
+            exec_ns = self.estimator.exec_ns(model, size, kind)
+            if start + exec_ns <= finish_by and (exec_ns <= longest or size == self.batch_sizes(model)[0]):
                 count = min(queue.count, size)
                 padded = self.padded(model, count)
                 slack = head.deadline_ns - start - self.estimator.exec_ns(model, padded, kind)
@@ -364,6 +386,7 @@ class ClockworkScheduler:
         device.free_pages -= self.pages_of(model, device)
         device.touch(model, ready_ns)
         self.holders.setdefault(model, set()).add(device.spec.device)
+        self.turned_away.discard(model)
         if model in self.queues:
             device.waiting.add(model)
             self.cold.discard(model)
@@ -411,7 +434,7 @@ class ClockworkScheduler:
         for d in self.devices:
             if d.waiting:
                 times.append(d.exec_lane.free_ns - self.horizon_ns)
-            if self.queues and d.load_lane.busy:
+            if (self.queues or self.turned_away) and d.load_lane.busy:
                 times.append(d.load_lane.free_ns - self.horizon_ns)
         future = [t for t in times if t > now_ns]
         return min(future) if future else None

@@ -11,6 +11,7 @@ from functools import partial
 from mainspring.controller import Controller
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response, ResponseStatus
+from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.registry import make_scheduler
 from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
 from mainspring.telemetry.recorder import Recorder
@@ -62,13 +63,19 @@ class SimulationResult:
 
 
 ProgressHook = Callable[[int], None]
+SchedulerWrapper = Callable[[Scheduler], Scheduler]  # e.g. to time or trace the policy
 
 
 class _Run:
     """Wires controller, devices and arrivals onto one event loop."""
 
     def __init__(
-        self, policy: str, profiles: Sequence[ModelProfile], workload: Workload, config: SimulationConfig
+        self,
+        policy: str,
+        profiles: Sequence[ModelProfile],
+        workload: Workload,
+        config: SimulationConfig,
+        wrap: SchedulerWrapper | None = None,
     ) -> None:
         self.loop = EventLoop()
         self.config = config
@@ -83,6 +90,8 @@ class _Run:
             for spec in specs
         ]
         scheduler = make_scheduler(policy, by_name, specs, random.Random(_seed(config.seed, "scheduler")))
+        if wrap is not None:
+            scheduler = wrap(scheduler)
         links = {d.spec.device: self._link(d) for d in self.devices}
         self.controller = Controller(
             scheduler, self.loop.clock, links, self._on_answer, self._wakeup, observer=self.recorder
@@ -168,10 +177,11 @@ def simulate(
     config: SimulationConfig,
     arrivals: Iterable[Arrival] | None = None,
     progress: ProgressHook | None = None,
+    wrap: SchedulerWrapper | None = None,
 ) -> SimulationResult:
     """Run ``policy`` on ``arrivals`` (default: generated from ``workload``) and report."""
     started = time.perf_counter()
-    run = _Run(policy, profiles, workload, config)
+    run = _Run(policy, profiles, workload, config, wrap)
     run.start(arrivals if arrivals is not None else generate_arrivals(workload, profiles, config))
     limit = config.duration_ns + config.drain_ns
     step = NS_PER_S

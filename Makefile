@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml requirements-ci.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/mainspring simulate
+	$(BIN)/mainspring simulate --policy clockwork,triton,clipper --trace-scale 10 --duration-s 300
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -27,6 +27,10 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_speed.py
+	$(BIN)/python benchmarks/azure_replay.py
+	$(BIN)/python benchmarks/slo_sweep.py
+	$(BIN)/python benchmarks/controller_cost.py
+	$(BIN)/python benchmarks/prediction_error.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

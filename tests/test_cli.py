@@ -61,6 +61,13 @@ def test_malformed_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "no 'minute_1'" in capsys.readouterr().err
 
 
+def test_default_policy_is_clockwork(tmp_path: Path) -> None:
+    assert main([*SMALL, "--json", str(tmp_path / "r.json")]) == 0
+    (result,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert result["policy"] == "clockwork"
+    assert result["slo_attainment"] > 0.99
+
+
 def test_console_script_runs() -> None:
     exe = Path(sys.executable).parent / "mainspring"
     assert exe.exists(), "the package is not installed with its console script"

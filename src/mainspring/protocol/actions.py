@@ -10,37 +10,28 @@ from __future__ import annotations
 import msgspec
 
 
-class LoadWeights(msgspec.Struct, frozen=True, tag=True):
+class _ActionFields(msgspec.Struct, frozen=True):
+    """What every action carries: who runs it, on what, and its start window."""
+
+    action_id: int
+    device: int
+    model: str
+    earliest_ns: int
+    latest_ns: int
+    expected_duration_ns: int
+
+
+class LoadWeights(_ActionFields, frozen=True, tag=True):
     """Copy a model's weights from host memory into the device's page pool."""
 
-    action_id: int
-    device: int
-    model: str
-    earliest_ns: int
-    latest_ns: int
-    expected_duration_ns: int
 
-
-class EvictWeights(msgspec.Struct, frozen=True, tag=True):
+class EvictWeights(_ActionFields, frozen=True, tag=True):
     """Return a model's pages to the device's page pool."""
 
-    action_id: int
-    device: int
-    model: str
-    earliest_ns: int
-    latest_ns: int
-    expected_duration_ns: int
 
-
-class Infer(msgspec.Struct, frozen=True, tag=True):
+class Infer(_ActionFields, frozen=True, tag=True):
     """Run one batch of requests; ``batch_size`` is the padded, supported size."""
 
-    action_id: int
-    device: int
-    model: str
-    earliest_ns: int
-    latest_ns: int
-    expected_duration_ns: int
     request_ids: tuple[int, ...]
     batch_size: int
 

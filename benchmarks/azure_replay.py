@@ -43,10 +43,13 @@ def main() -> None:
             best = max((r for r in reports if r.policy != "clockwork"), key=lambda r: r.slo_attainment)
             cw = by_policy["clockwork"]
             miss_ratio = (1 - best.slo_attainment) / max(1 - cw.slo_attainment, 1 / max(cw.requests, 1))
+            cw_misses = round((1 - cw.slo_attainment) * cw.requests)
+            best_misses = round((1 - best.slo_attainment) * best.requests)
             print(
-                f"scale {scale:g}: clockwork misses the SLO for {1 - cw.slo_attainment:.4%} of requests, "
-                f"best baseline ({best.policy}) for {1 - best.slo_attainment:.4%}: {miss_ratio:.0f}x fewer misses; "
-                f"goodput ratio {cw.goodput_rps / max(best.goodput_rps, 1e-9):.3f}"
+                f"scale {scale:g}: clockwork misses the SLO for {cw_misses} of {cw.requests} requests "
+                f"({1 - cw.slo_attainment:.4%}), best baseline ({best.policy}) for {best_misses} "
+                f"({1 - best.slo_attainment:.4%}): {miss_ratio:.0f}x fewer misses "
+                f"(a zero counts as one); goodput ratio {cw.goodput_rps / max(best.goodput_rps, 1e-9):.3f}"
             )
         print()
         everything += [dict(r.to_json(), trace_scale=scale) for r in reports]

@@ -196,18 +196,24 @@ class ClockworkScheduler:
         if not holders:
             return True  # cold: the load planner decides
         own = self.model_demand(model, now_ns) / len(holders)
-        room = 0.0
-        over_share = False
-        for device_id in holders:
-            d = self._device_by_id[device_id]
-            share = max(self.config.min_share, 1.0 - (d.demand.value(now_ns) - own))
-            over_share = over_share or own > share
-            room += max(0, request.deadline_ns - max(now_ns, d.exec_lane.free_ns)) * share
-        if not over_share:
+        devices = [self._device_by_id[device_id] for device_id in holders]
+        if not any(self._over_share(model, d, now_ns) for d in devices):
             return True  # a model within its share is only ever refused by its deadline
+        room = 0.0
+        for d in devices:
+            share = max(self.config.min_share, 1.0 - (d.demand.value(now_ns) - own))
+            room += max(0, request.deadline_ns - max(now_ns, d.exec_lane.free_ns)) * share
         queue = self.queues.get(model)
         count = 1 + (queue.count if queue is not None else 0)
         return self._queued_work_ns(model, count) <= room
+
+    def _over_share(self, model: str, device: DeviceState, now_ns: int) -> bool:
+        """Does ``model`` ask more of ``device`` than the other models' demand leaves it?"""
+        holders = self.holders.get(model)
+        if not holders:
+            return False
+        own = self.model_demand(model, now_ns) / len(holders)
+        return own > max(self.config.min_share, 1.0 - (device.demand.value(now_ns) - own))
 
     def _queued_work_ns(self, model: str, count: int) -> int:
         """Exec time of ``count`` requests in full batches of the largest size, then one padded batch."""
@@ -266,7 +272,7 @@ class ClockworkScheduler:
             if not choices:
                 return
             chosen = min(choices)
-            if len(choices) > 1 and self.config.lookahead:
+            if len(choices) > 1 and self.config.lookahead and self._over_share(chosen.model, device, now_ns):
                 chosen = self._spare_the_next(device, chosen, choices)
             self._issue_infer(device, chosen, now_ns, decisions)
 

@@ -75,3 +75,10 @@ def test_model_copies_cycle_over_the_base() -> None:
     assert copies[0].model == "resnet50_v2-0000" and copies[4025].model.endswith("-4025")
     assert copies[3].exec_ns == copies[0].exec_ns
     assert json.dumps(copies[1].to_json())
+
+
+def test_slo_factor_is_a_multiple_of_the_batch_1_time() -> None:
+    p = ModelProfile("m", "cpu", 10, 1, {1: 3_320_000, 4: 7_500_000})
+    assert p.slo_ns_for_factor(2.5) == 8_300_000
+    with pytest.raises(ValueError, match="positive"):
+        p.slo_ns_for_factor(0)

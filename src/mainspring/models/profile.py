@@ -15,6 +15,7 @@ tensors exactly as the real worker does.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -63,6 +64,12 @@ class ModelProfile:
             if size >= batch_size:
                 return size
         raise ValueError(f"model {self.model!r} supports batches up to {self.batch_sizes[-1]}, not {batch_size}")
+
+    def slo_ns_for_factor(self, factor: float) -> int:
+        """An SLO given as a multiple of the batch-1 (smallest batch) time, as Clockwork's ``slo_factor``."""
+        if not factor > 0:
+            raise ValueError(f"SLO factor must be positive, got {factor}")
+        return math.ceil(factor * self.exec_ns[self.batch_sizes[0]])
 
     @property
     def max_batch(self) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -156,9 +155,9 @@ class SloSweep(Workload):
         return min(self.max_factor, self.start_factor * self.growth**steps)
 
     def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
-        batch1 = {m.model: m.exec_time_ns(1) for m in models}
+        by_name = {m.model: m for m in models}
         for arrival in self.inner.arrivals(models, duration_ns, rng):
-            slo = math.ceil(self.factor_at(arrival.time_ns) * batch1[arrival.model])
+            slo = by_name[arrival.model].slo_ns_for_factor(self.factor_at(arrival.time_ns))
             yield Arrival(arrival.time_ns, arrival.model, slo)
 
     def on_answer(self, arrival: Arrival, answered_ns: int, succeeded: bool) -> Arrival | None:

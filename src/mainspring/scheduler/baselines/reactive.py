@@ -25,6 +25,7 @@ from mainspring.protocol import (
     ResponseStatus,
 )
 from mainspring.scheduler.base import Decisions
+from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.time import NS_PER_S, ms_to_ns
 
 # Reactive policies set no real window: a worker may start their actions whenever.
@@ -56,7 +57,7 @@ class _Device:
     running: str | None = None  # model of the batch in flight on the exec lane
 
 
-class ReactiveScheduler:
+class ReactiveScheduler(PolicyBookkeeping):
     """Base of the baselines; subclasses override ``batch_limit`` and ``on_batch_done``."""
 
     def __init__(
@@ -64,34 +65,26 @@ class ReactiveScheduler:
     ) -> None:
         if not devices:
             raise ValueError("a scheduler needs at least one device")
-        self._profiles = profiles
+        super().__init__(profiles)
         self._config = config
         self._devices = {d.device: _Device(d, d.total_pages) for d in devices}
         self._queues: dict[str, deque[Request]] = {}
         self._placement: dict[str, int] = {}
         self._in_flight: dict[int, Action] = {}
         self._batches: dict[int, list[Request]] = {}
-        self._responses: list[Response] = []
-        self._next_action_id = 0
         self._delay_ns = ms_to_ns(config.max_queue_delay_ms)
         self._timeout_ns = None if config.queue_timeout_ms is None else ms_to_ns(config.queue_timeout_ms)
-        self._pages: dict[tuple[str, int], int] = {}
 
     # --- hooks for subclasses -------------------------------------------------
     def batch_limit(self, model: str) -> int:
-        return min(self._config.max_batch_size, self._profiles[model].max_batch)
+        return min(self._config.max_batch_size, self.profiles[model].max_batch)
 
     def on_batch_done(self, model: str, requests: Sequence[Request], duration_ns: int) -> None:
         """Called after every successful batch."""
 
     # --- the contract ----------------------------------------------------------
     def on_request(self, request: Request, now_ns: int) -> None:
-        profile = self._profiles.get(request.model)
-        if profile is None:
-            self._answer(request, ResponseStatus.ERROR, f"unknown model {request.model!r}")
-        elif not any(self._pages_of(request.model, d.spec) <= d.spec.total_pages for d in self._devices.values()):
-            self._answer(request, ResponseStatus.ERROR, f"model {request.model!r} does not fit on any device")
-        else:
+        if not self._refuse_unservable(request, (d.spec for d in self._devices.values())):
             self._queues.setdefault(request.model, deque()).append(request)
 
     def on_result(self, result: ActionResult, now_ns: int) -> None:
@@ -104,15 +97,14 @@ class ReactiveScheduler:
             if result.ok:
                 device.resident[action.model] = now_ns
             else:
-                device.free_pages += self._pages_of(action.model, device.spec)
+                device.free_pages += self.pages_of(action.model, device.spec)
                 del self._placement[action.model]
                 if result.status is ActionStatus.ERROR:
                     for request in self._queues.pop(action.model, ()):
                         self._answer(request, ResponseStatus.ERROR, f"loading failed: {result.message}")
 
     def schedule(self, now_ns: int) -> Decisions:
-        decisions = Decisions(responses=self._responses)
-        self._responses = []
+        decisions = Decisions(responses=self._take_responses())
         if self._timeout_ns is not None:
             self._expire(now_ns, decisions)
         for model in list(self._queues):
@@ -148,7 +140,7 @@ class ReactiveScheduler:
         """Load ``model`` on the device with the most free memory, evicting LRU idle models if needed."""
         best: tuple[tuple[int, int], _Device, list[str]] | None = None
         for device in self._devices.values():
-            need = self._pages_of(model, device.spec)
+            need = self.pages_of(model, device.spec)
             victims = self._victims(device, need)
             if victims is None:
                 continue
@@ -162,12 +154,12 @@ class ReactiveScheduler:
         for victim in victims:
             del device.resident[victim]
             del self._placement[victim]
-            device.free_pages += self._pages_of(victim, device.spec)
+            device.free_pages += self.pages_of(victim, device.spec)
             decisions.actions.append(self._action(EvictWeights, device, victim, now_ns, 0))
-        device.free_pages -= self._pages_of(model, device.spec)
+        device.free_pages -= self.pages_of(model, device.spec)
         device.loading.add(model)
         self._placement[model] = device.spec.device
-        decisions.actions.append(self._action(LoadWeights, device, model, now_ns, self._profiles[model].load_ns))
+        decisions.actions.append(self._action(LoadWeights, device, model, now_ns, self.profiles[model].load_ns))
 
     def _victims(self, device: _Device, need: int) -> list[str] | None:
         """LRU resident models with no queued work that free ``need`` pages; None if impossible."""
@@ -179,7 +171,7 @@ class ReactiveScheduler:
             if model in self._queues or model == device.running:
                 continue
             victims.append(model)
-            freed += self._pages_of(model, device.spec)
+            freed += self.pages_of(model, device.spec)
         return victims if freed >= need else None
 
     def _dispatch(self, device: _Device, waiting: list[str], now_ns: int, decisions: Decisions) -> int | None:
@@ -200,7 +192,7 @@ class ReactiveScheduler:
         batch = [queue.popleft() for _ in range(min(len(queue), self.batch_limit(chosen)))]
         if not queue:
             del self._queues[chosen]
-        profile = self._profiles[chosen]
+        profile = self.profiles[chosen]
         size = profile.padded_batch(len(batch))
         infer = Infer(
             self._new_action_id(), device.spec.device, chosen, now_ns, now_ns + OPEN_WINDOW_NS,
@@ -227,21 +219,6 @@ class ReactiveScheduler:
                 self._answer(request, ResponseStatus.ERROR, f"inference failed: {result.message}")
         else:  # refused: try again, oldest first
             self._queues.setdefault(action.model, deque()).extendleft(reversed(batch))
-
-    # --- helpers -----------------------------------------------------------------
-    def _answer(self, request: Request, status: ResponseStatus, reason: str = "", action_id: int | None = None) -> None:
-        self._responses.append(Response(request.id, status, reason, action_id))
-
-    def _pages_of(self, model: str, spec: DeviceSpec) -> int:
-        key = (model, spec.page_bytes)
-        pages = self._pages.get(key)
-        if pages is None:
-            pages = self._pages[key] = self._profiles[model].pages(spec.page_bytes)
-        return pages
-
-    def _new_action_id(self) -> int:
-        self._next_action_id += 1
-        return self._next_action_id
 
     def _action(
         self, kind: type[LoadWeights] | type[EvictWeights], device: _Device, model: str, now_ns: int, expected_ns: int

@@ -130,7 +130,7 @@ def eviction_victims(
     """Models to evict so that ``model`` fits: least recently used without queued demand
     first, then (unless ``idle_only``) least recently used; never one with work in
     flight. None if impossible."""
-    need = s.pages_of(model, device)
+    need = s.pages_of(model, device.spec)
     if device.free_pages >= need:
         return []
     if need > device.spec.total_pages:
@@ -144,5 +144,5 @@ def eviction_victims(
             if held in device.pinned or held in victims or (idle_pass and held in s.queues):
                 continue
             victims.append(held)
-            freed += s.pages_of(held, device)
+            freed += s.pages_of(held, device.spec)
     return victims if freed >= need else None

@@ -25,7 +25,6 @@ from mainspring.protocol import (
     Infer,
     LoadWeights,
     Request,
-    Response,
     ResponseStatus,
 )
 from mainspring.scheduler.base import Decisions
@@ -34,6 +33,7 @@ from mainspring.scheduler.clockwork.estimator import DecayingRate, Estimator
 from mainspring.scheduler.clockwork.loads import plan_loads
 from mainspring.scheduler.clockwork.queues import ModelQueue
 from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.time import NS_PER_S, ms_to_ns, ns_to_ms
 
 NEVER = 1 << 62
@@ -57,7 +57,7 @@ class _Flight:
     requests: list[Request]
 
 
-class ClockworkScheduler:
+class ClockworkScheduler(PolicyBookkeeping):
     """Predictive, SLO-aware scheduling of many models on many devices."""
 
     def __init__(
@@ -69,8 +69,8 @@ class ClockworkScheduler:
     ) -> None:
         if not devices:
             raise ValueError("a scheduler needs at least one device")
+        super().__init__(profiles)
         self.config = config or ClockworkConfig()
-        self.profiles = profiles
         self.rng = rng or random.Random(0)
         self.estimator = Estimator(profiles, self.config.estimate_window, self.config.estimate_percentile)
         self._rate_memory_ns = ms_to_ns(self.config.rate_memory_ms)
@@ -87,20 +87,13 @@ class ClockworkScheduler:
         self._live: dict[int, Request] = {}
         self._expiry: list[tuple[int, int, str]] = []
         self._in_flight: dict[int, _Flight] = {}
-        self._responses: list[Response] = []
-        self._next_action_id = 0
-        self._pages: dict[tuple[str, int], int] = {}
         self._batch_sizes: dict[str, tuple[int, ...]] = {}
         self.last_replication_check_ns = -NEVER
 
     # --- the contract ------------------------------------------------------------
     def on_request(self, request: Request, now_ns: int) -> None:
         model = request.model
-        if model not in self.profiles:
-            self._answer(request, ResponseStatus.ERROR, f"unknown model {model!r}")
-            return
-        if not any(self.pages_of(model, d) <= d.spec.total_pages for d in self.devices):
-            self._answer(request, ResponseStatus.ERROR, f"model {model!r} does not fit on any device")
+        if self._refuse_unservable(request, (d.spec for d in self.devices)):
             return
         self._record_demand(model, now_ns)
         earliest = self._admission_bound(request, now_ns)
@@ -141,7 +134,7 @@ class ClockworkScheduler:
                 self._plan_infers(device, now_ns, decisions)
         if self.queues or self.turned_away:
             plan_loads(self, now_ns, decisions)
-        decisions.responses, self._responses = self._responses, []
+        decisions.responses = self._take_responses()
         decisions.wakeup_ns = self._next_wakeup(now_ns)
         return decisions
 
@@ -389,7 +382,7 @@ class ClockworkScheduler:
     # --- residency (used by load planning) ------------------------------------------------
     def hold(self, device: DeviceState, model: str, ready_ns: int) -> None:
         device.ready_ns[model] = ready_ns
-        device.free_pages -= self.pages_of(model, device)
+        device.free_pages -= self.pages_of(model, device.spec)
         device.touch(model, ready_ns)
         self.holders.setdefault(model, set()).add(device.spec.device)
         self.turned_away.discard(model)
@@ -401,7 +394,7 @@ class ClockworkScheduler:
         if device.ready_ns.pop(model, None) is None:
             return
         device.loading.discard(model)
-        device.free_pages += self.pages_of(model, device)
+        device.free_pages += self.pages_of(model, device.spec)
         device.last_used.pop(model, None)
         device.waiting.discard(model)
         holders = self.holders[model]
@@ -444,20 +437,6 @@ class ClockworkScheduler:
                 times.append(d.load_lane.free_ns - self.horizon_ns)
         future = [t for t in times if t > now_ns]
         return min(future) if future else None
-
-    def _answer(self, request: Request, status: ResponseStatus, reason: str = "", action_id: int | None = None) -> None:
-        self._responses.append(Response(request.id, status, reason, action_id))
-
-    def _new_action_id(self) -> int:
-        self._next_action_id += 1
-        return self._next_action_id
-
-    def pages_of(self, model: str, device: DeviceState) -> int:
-        key = (model, device.spec.page_bytes)
-        pages = self._pages.get(key)
-        if pages is None:
-            pages = self._pages[key] = self.profiles[model].pages(device.spec.page_bytes)
-        return pages
 
     def batch_sizes(self, model: str) -> tuple[int, ...]:
         sizes = self._batch_sizes.get(model)

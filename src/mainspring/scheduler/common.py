@@ -1,0 +1,48 @@
+"""Bookkeeping every policy needs besides its decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import DeviceSpec, Request, Response, ResponseStatus
+
+
+class PolicyBookkeeping:
+    """Answers waiting to be handed out, action ids, page counts per model, and the
+    refusal of requests no device could ever serve."""
+
+    def __init__(self, profiles: Mapping[str, ModelProfile]) -> None:
+        self.profiles = profiles
+        self._responses: list[Response] = []
+        self._next_action_id = 0
+        self._pages: dict[tuple[str, int], int] = {}
+
+    def _answer(self, request: Request, status: ResponseStatus, reason: str = "", action_id: int | None = None) -> None:
+        self._responses.append(Response(request.id, status, reason, action_id))
+
+    def _take_responses(self) -> list[Response]:
+        responses, self._responses = self._responses, []
+        return responses
+
+    def _new_action_id(self) -> int:
+        self._next_action_id += 1
+        return self._next_action_id
+
+    def pages_of(self, model: str, spec: DeviceSpec) -> int:
+        """Pages ``model`` occupies on a device of ``spec`` (cached: profiles do not change)."""
+        key = (model, spec.page_bytes)
+        pages = self._pages.get(key)
+        if pages is None:
+            pages = self._pages[key] = self.profiles[model].pages(spec.page_bytes)
+        return pages
+
+    def _refuse_unservable(self, request: Request, specs: Iterable[DeviceSpec]) -> bool:
+        """Answer with an error a request for an unknown model or one that fits on no device."""
+        if request.model not in self.profiles:
+            self._answer(request, ResponseStatus.ERROR, f"unknown model {request.model!r}")
+            return True
+        if not any(self.pages_of(request.model, spec) <= spec.total_pages for spec in specs):
+            self._answer(request, ResponseStatus.ERROR, f"model {request.model!r} does not fit on any device")
+            return True
+        return False

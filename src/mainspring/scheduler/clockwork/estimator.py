@@ -19,25 +19,22 @@ _K = TypeVar("_K", bound=Hashable)
 class RollingPercentile:
     """The ``percentile`` of the last ``window`` values (nearest rank), cached between updates."""
 
-    __slots__ = ("_percentile", "_values", "value")
+    __slots__ = ("_percentile", "_values", "count", "full", "value")
 
     def __init__(self, seed_value: int, window: int, percentile: float) -> None:
         self._values: deque[int] = deque(maxlen=window)
         self._percentile = percentile
         self.value = seed_value
-
-    @property
-    def full(self) -> bool:
-        return len(self._values) == self._values.maxlen
-
-    @property
-    def empty(self) -> bool:
-        return not self._values
+        self.count = 0
+        self.full = False
 
     def add(self, measured: int) -> None:
-        self._values.append(measured)
-        ordered = sorted(self._values)
-        rank = max(1, math.ceil(self._percentile / 100.0 * len(ordered)))
+        values = self._values
+        values.append(measured)
+        self.count = len(values)
+        self.full = self.count == values.maxlen
+        ordered = sorted(values)
+        rank = max(1, math.ceil(self._percentile / 100.0 * self.count))
         self.value = ordered[rank - 1]
 
 
@@ -77,22 +74,24 @@ class Estimator:
             entry = table[kind] = RollingPercentile(PPM, KIND_WINDOW, self._percentile)
         return entry
 
-    def _estimate(self, entry: RollingPercentile, ratio: RollingPercentile, profiled: int) -> int:
-        if entry.full:
+    @staticmethod
+    def _estimate(entry: RollingPercentile | None, ratio: RollingPercentile | None, profiled: int) -> int:
+        if entry is not None and entry.full:
             return entry.value
-        corrected = profiled * ratio.value // PPM
-        return corrected if entry.empty else max(entry.value, corrected)
+        corrected = profiled if ratio is None else profiled * ratio.value // PPM
+        return corrected if entry is None or not entry.count else max(entry.value, corrected)
 
     def exec_ns(self, model: str, batch_size: int, kind: str) -> int:
-        """Estimate for a supported batch size."""
+        """Estimate for a supported batch size. (On the scheduler's hot path: no allocation.)"""
+        entry = self._exec.get((model, batch_size, kind))
+        if entry is not None and entry.full:
+            return entry.value
         profiled = self._profiles[model].exec_ns[batch_size]
-        entry = self._entry(self._exec, (model, batch_size, kind), profiled)
-        return self._estimate(entry, self._ratio(self._exec_ratio, kind), profiled)
+        return self._estimate(entry, self._exec_ratio.get(kind), profiled)
 
     def load_ns(self, model: str, kind: str) -> int:
-        profiled = self._profiles[model].load_ns
-        entry = self._entry(self._load, (model, kind), profiled)
-        return self._estimate(entry, self._ratio(self._load_ratio, kind), profiled)
+        entry = self._load.get((model, kind))
+        return self._estimate(entry, self._load_ratio.get(kind), self._profiles[model].load_ns)
 
     def observe_exec(self, model: str, batch_size: int, kind: str, measured_ns: int) -> None:
         profiled = self._profiles[model].exec_ns[batch_size]

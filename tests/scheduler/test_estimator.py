@@ -1,0 +1,44 @@
+from mainspring.scheduler.clockwork.estimator import DecayingRate, Estimator, RollingPercentile
+from tests.fakes import profile
+
+PROFILES = {"a": profile("a"), "b": profile("b")}  # batch 1: 2 ms; load 5 ms
+
+
+def test_p99_of_the_last_ten_measurements() -> None:
+    window = RollingPercentile(0, 10, 99.0)
+    for value in [5, 1, 9, 3]:
+        window.add(value)
+    assert window.value == 9 and not window.full
+    for value in range(10, 20):
+        window.add(value)
+    assert window.full and window.value == 19  # 9 fell out of the window
+    median = RollingPercentile(0, 10, 50.0)
+    for value in range(1, 11):
+        median.add(value)
+    assert median.value == 5
+
+
+def test_seeded_from_the_profile_then_learns_per_model() -> None:
+    estimator = Estimator(PROFILES)
+    assert estimator.exec_ns("a", 1, "v100") == 2_000_000
+    assert estimator.load_ns("a", "v100") == 5_000_000
+    for _ in range(10):
+        estimator.observe_exec("a", 1, "v100", 2_500_000)
+    assert estimator.exec_ns("a", 1, "v100") == 2_500_000
+    assert estimator.exec_ns("a", 1, "other-kind") == 2_000_000
+
+
+def test_rarely_run_models_borrow_the_device_kinds_ratio() -> None:
+    estimator = Estimator(PROFILES)
+    for _ in range(10):
+        estimator.observe_load("a", "v100", 5_500_000)  # loads run 10% over the profile
+    assert estimator.load_ns("b", "v100") == 5_500_000  # never measured: profile x p99 ratio
+    estimator.observe_load("b", "v100", 5_200_000)
+    assert estimator.load_ns("b", "v100") == 5_500_000  # one sample: not yet trusted alone
+
+
+def test_decaying_rate_remembers_recent_work() -> None:
+    rate = DecayingRate(tau_ns=1_000)
+    rate.add(500, now_ns=0)
+    assert rate.value(0) == 0.5
+    assert 0.18 < rate.value(1_000) < 0.19  # e^-1 of it a tau later

@@ -65,11 +65,19 @@ def plan_loads(s: ClockworkScheduler, now_ns: int, decisions: Decisions) -> None
 
 
 def _latest_load_start(s: ClockworkScheduler, model: str) -> int:
-    """Latest time a load of ``model`` may start and still serve its most urgent request."""
+    """Latest time a load of ``model`` may start and still serve its most urgent request.
+
+    Cached per head request: the order of cold loads is recomputed on every pass."""
     head = s.queues[model].head()
+    if head is None:
+        return NEVER
+    cached = s.latest_load_start.get(model)
+    if cached is not None and cached[0] == head.id:
+        return cached[1]
     kind = s.devices[0].kind
-    deadline = head.deadline_ns if head is not None else NEVER
-    return deadline - s.estimator.load_ns(model, kind) - s.fastest_ns(model, kind)
+    latest = head.deadline_ns - s.estimator.load_ns(model, kind) - s.fastest_ns(model, kind)
+    s.latest_load_start[model] = (head.id, latest)
+    return latest
 
 
 def load_priorities(s: ClockworkScheduler, now_ns: int) -> tuple[dict[str, float], dict[int, float]]:

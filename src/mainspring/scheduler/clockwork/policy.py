@@ -84,6 +84,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         self.queues: dict[str, ModelQueue] = {}
         self.cold: set[str] = set()  # queued models that no device holds
         self.turned_away: set[str] = set()  # models held nowhere whose requests were rejected
+        self.latest_load_start: dict[str, tuple[int, int]] = {}  # cold model -> (head request, time)
         self._live: dict[int, Request] = {}
         self._expiry: list[tuple[int, int, str]] = []
         self._in_flight: dict[int, _Flight] = {}
@@ -160,9 +161,11 @@ class ClockworkScheduler(PolicyBookkeeping):
             start = max(now_ns, d.exec_lane.free_ns, d.ready_ns[model])
             best = min(best, start + self.fastest_ns(model, d.kind))
         if best == NEVER:
+            load = {kind: self.estimator.load_ns(model, kind) for kind in self._kinds}
+            run = {kind: self.fastest_ns(model, kind) for kind in self._kinds}
             for d in self.devices:
-                ready = max(now_ns, d.load_lane.free_ns) + self.estimator.load_ns(model, d.kind)
-                best = min(best, max(ready, d.exec_lane.free_ns) + self.fastest_ns(model, d.kind))
+                ready = max(now_ns, d.load_lane.free_ns) + load[d.kind]
+                best = min(best, max(ready, d.exec_lane.free_ns) + run[d.kind])
         return best
 
     def _record_demand(self, model: str, now_ns: int) -> None:
@@ -246,6 +249,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         if queue is not None and queue.count == 0:
             del self.queues[model]
             self.cold.discard(model)
+            self.latest_load_start.pop(model, None)
             for device_id in self.holders.get(model, ()):
                 self._device_by_id[device_id].waiting.discard(model)
 
@@ -425,18 +429,19 @@ class ClockworkScheduler(PolicyBookkeeping):
 
     # --- helpers ---------------------------------------------------------------------------
     def _next_wakeup(self, now_ns: int) -> int | None:
-        times = []
-        while self._expiry and self._expiry[0][1] not in self._live:
-            heapq.heappop(self._expiry)
-        if self._expiry:
-            times.append(self._expiry[0][0])
+        """The earliest future time something is due: an expiry, or a lane freeing within the horizon."""
+        expiry = self._expiry
+        while expiry and expiry[0][1] not in self._live:
+            heapq.heappop(expiry)
+        best = expiry[0][0] if expiry and expiry[0][0] > now_ns else NEVER
+        after = now_ns + self.horizon_ns  # lanes due later than this wake the policy
+        loads_wanted = bool(self.queues or self.turned_away)
         for d in self.devices:
-            if d.waiting:
-                times.append(d.exec_lane.free_ns - self.horizon_ns)
-            if (self.queues or self.turned_away) and d.load_lane.busy:
-                times.append(d.load_lane.free_ns - self.horizon_ns)
-        future = [t for t in times if t > now_ns]
-        return min(future) if future else None
+            if d.waiting and after < d.exec_lane.free_ns < best + self.horizon_ns:
+                best = d.exec_lane.free_ns - self.horizon_ns
+            if loads_wanted and d.load_lane.busy and after < d.load_lane.free_ns < best + self.horizon_ns:
+                best = d.load_lane.free_ns - self.horizon_ns
+        return None if best == NEVER else best
 
     def batch_sizes(self, model: str) -> tuple[int, ...]:
         sizes = self._batch_sizes.get(model)

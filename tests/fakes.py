@@ -6,7 +6,7 @@ import random
 from collections.abc import Iterator, Sequence
 
 from mainspring.models.profile import ModelProfile
-from mainspring.protocol import Action, ActionResult, Request
+from mainspring.protocol import Action, ActionResult, ActionStatus, Request, Timing
 from mainspring.scheduler.base import Decisions
 from mainspring.time import NS_PER_MS
 from mainspring.worker.pages import MIB
@@ -30,6 +30,17 @@ def profile(
         load_ns=round(load_ms * NS_PER_MS),
         exec_ns={b: round(ms * NS_PER_MS) for b, ms in exec_ms.items()},
     )
+
+
+def request(request_id: int, model: str, at_ns: int, slo_ms: float = 100) -> Request:
+    """A request arriving at ``at_ns`` with a relative SLO."""
+    slo = round(slo_ms * NS_PER_MS)
+    return Request(request_id, model, at_ns, at_ns + slo, slo)
+
+
+def ok(action_id: int, device: int, begin_ns: int, end_ns: int) -> ActionResult:
+    """A successful result measured from ``begin_ns`` to ``end_ns``."""
+    return ActionResult(action_id, device, ActionStatus.OK, Timing(begin_ns, end_ns))
 
 
 class ResultLog:

@@ -7,15 +7,13 @@ from mainspring.protocol import (
     EvictWeights,
     Infer,
     LoadWeights,
-    Request,
     ResponseStatus,
-    Timing,
 )
 from mainspring.scheduler.baselines.clipper import ClipperScheduler
 from mainspring.scheduler.baselines.reactive import ReactiveConfig
 from mainspring.scheduler.baselines.triton import TritonScheduler
 from mainspring.time import NS_PER_MS
-from tests.fakes import PAGE, profile
+from tests.fakes import PAGE, ok, profile, request
 
 MS = NS_PER_MS
 PROFILES = {name: profile(name, pages=4) for name in ("a", "b", "c")}
@@ -25,21 +23,12 @@ def device(pages: int = 10) -> list[DeviceSpec]:
     return [DeviceSpec(0, "v100", pages * PAGE, PAGE)]
 
 
-def request(i: int, model: str, at_ms: float, slo_ms: float = 100) -> Request:
-    t = round(at_ms * MS)
-    return Request(i, model, t, t + round(slo_ms * MS), round(slo_ms * MS))
-
-
-def ok(action_id: int, begin: int, end: int) -> ActionResult:
-    return ActionResult(action_id, 0, ActionStatus.OK, Timing(begin, end))
-
-
 def loaded(policy: TritonScheduler, model: str, now: int) -> int:
     """Ask for ``model`` by a request and finish its load; returns the time after."""
-    policy.on_request(request(1000 + now, model, now / MS), now)
+    policy.on_request(request(1000 + now, model, now), now)
     (load,) = policy.schedule(now).actions
     assert isinstance(load, LoadWeights) and load.model == model
-    policy.on_result(ok(load.action_id, now, now + 5 * MS), now + 5 * MS)
+    policy.on_result(ok(load.action_id, 0, now, now + 5 * MS), now + 5 * MS)
     return now + 5 * MS
 
 
@@ -47,14 +36,14 @@ def test_partial_batch_waits_for_the_queue_delay_then_runs_padded() -> None:
     policy = TritonScheduler(PROFILES, device(), ReactiveConfig(max_batch_size=4, max_queue_delay_ms=2))
     policy.on_request(request(1, "a", 0), 0)
     (load,) = policy.schedule(0).actions
-    policy.on_request(request(2, "a", 1), 1 * MS)
-    policy.on_request(request(3, "a", 1), 1 * MS)
-    policy.on_result(ok(load.action_id, 0, 1 * MS), 1 * MS)
+    policy.on_request(request(2, "a", 1 * MS), 1 * MS)
+    policy.on_request(request(3, "a", 1 * MS), 1 * MS)
+    policy.on_result(ok(load.action_id, 0, 0, 1 * MS), 1 * MS)
     decisions = policy.schedule(1 * MS)
     assert decisions.actions == [] and decisions.wakeup_ns == 2 * MS  # oldest arrived at 0
     (infer,) = policy.schedule(2 * MS).actions
     assert isinstance(infer, Infer) and infer.request_ids == (1, 2, 3) and infer.batch_size == 4
-    policy.on_result(ok(infer.action_id, 2 * MS, 7 * MS), 7 * MS)
+    policy.on_result(ok(infer.action_id, 0, 2 * MS, 7 * MS), 7 * MS)
     responses = policy.schedule(7 * MS).responses
     assert [(r.request_id, r.status) for r in responses] == [(i, ResponseStatus.SUCCESS) for i in (1, 2, 3)]
 
@@ -63,13 +52,13 @@ def test_full_batch_runs_at_once_and_one_batch_at_a_time() -> None:
     policy = TritonScheduler(PROFILES, device(), ReactiveConfig(max_batch_size=2, max_queue_delay_ms=50))
     now = loaded(policy, "a", 0)
     assert policy.schedule(now).actions == []  # one request: waits for a second or the delay
-    policy.on_request(request(0, "a", now / MS), now)
+    policy.on_request(request(0, "a", now), now)
     (first,) = policy.schedule(now).actions
     assert isinstance(first, Infer) and len(first.request_ids) == 2
     for i in range(1, 4):
-        policy.on_request(request(i, "a", now / MS), now)
+        policy.on_request(request(i, "a", now), now)
     assert policy.schedule(now).actions == []  # device busy with the first batch
-    policy.on_result(ok(first.action_id, now, now + MS), now + MS)
+    policy.on_result(ok(first.action_id, 0, now, now + MS), now + MS)
     (second,) = policy.schedule(now + MS).actions
     assert isinstance(second, Infer) and second.request_ids == (1, 2)
 
@@ -80,10 +69,10 @@ def test_on_demand_load_evicts_the_least_recently_used_idle_model() -> None:
     for model in ("a", "b"):
         now = loaded(policy, model, now)
         (infer,) = policy.schedule(now).actions
-        policy.on_result(ok(infer.action_id, now, now + MS), now + MS)
+        policy.on_result(ok(infer.action_id, 0, now, now + MS), now + MS)
         now += MS
         policy.schedule(now)
-    policy.on_request(request(50, "c", now / MS), now)
+    policy.on_request(request(50, "c", now), now)
     evict, load = policy.schedule(now).actions
     assert isinstance(evict, EvictWeights) and evict.model == "a"
     assert isinstance(load, LoadWeights) and load.model == "c"
@@ -93,7 +82,7 @@ def test_queue_timeout_drops_requests_that_waited_too_long() -> None:
     policy = TritonScheduler(PROFILES, device(pages=4), ReactiveConfig(queue_timeout_ms=10))
     now = loaded(policy, "a", 0)
     policy.schedule(now)  # "a" runs its first batch
-    policy.on_request(request(7, "b", now / MS), now)  # cannot load: "a" is busy, no room
+    policy.on_request(request(7, "b", now), now)  # cannot load: "a" is busy, no room
     decisions = policy.schedule(now)
     assert decisions.actions == [] and decisions.wakeup_ns == now + 10 * MS
     timed_out = policy.schedule(now + 10 * MS).responses
@@ -120,16 +109,16 @@ def test_clipper_grows_additively_and_backs_off_multiplicatively() -> None:
     policy = ClipperScheduler(PROFILES, device(), ReactiveConfig(max_batch_size=8, max_queue_delay_ms=0))
     now = loaded(policy, "a", 0)
     for i in range(40):
-        policy.on_request(request(i, "a", now / MS, slo_ms=10), now)
+        policy.on_request(request(i, "a", now, slo_ms=10), now)
     (infer,) = policy.schedule(now).actions
     sizes = []
     for _ in range(4):
         assert isinstance(infer, Infer)
         sizes.append(len(infer.request_ids))
-        policy.on_result(ok(infer.action_id, now, now + MS), now + MS)  # well under the SLO
+        policy.on_result(ok(infer.action_id, 0, now, now + MS), now + MS)  # well under the SLO
         now += MS
         (infer,) = policy.schedule(now).actions
     assert sizes == [1, 2, 3, 4]
     assert isinstance(infer, Infer) and len(infer.request_ids) == 5
-    policy.on_result(ok(infer.action_id, now, now + 20 * MS), now + 20 * MS)  # over the SLO: back off
+    policy.on_result(ok(infer.action_id, 0, now, now + 20 * MS), now + 20 * MS)  # over the SLO: back off
     assert policy.batch_limit("a") == 4  # 5 x 0.9 = 4.5, rounded down

@@ -7,14 +7,12 @@ from mainspring.protocol import (
     EvictWeights,
     Infer,
     LoadWeights,
-    Request,
     ResponseStatus,
-    Timing,
 )
 from mainspring.scheduler.base import Decisions
 from mainspring.scheduler.clockwork import ClockworkConfig, ClockworkScheduler
 from mainspring.time import NS_PER_MS
-from tests.fakes import PAGE, profile
+from tests.fakes import PAGE, ok, profile, request
 
 MS = NS_PER_MS
 # Exec: batch 1: 2 ms, 2: 3 ms, 4: 5 ms, 8: 9 ms. Load: 5 ms. Four pages each.
@@ -24,15 +22,6 @@ PROFILES = {name: profile(name, pages=4) for name in ("a", "b", "c", "d")}
 def scheduler(devices: int = 1, pages: int = 100, **config: float) -> ClockworkScheduler:
     specs = [DeviceSpec(i, "v100", pages * PAGE, PAGE) for i in range(devices)]
     return ClockworkScheduler(PROFILES, specs, ClockworkConfig(**config))  # type: ignore[arg-type]
-
-
-def request(i: int, model: str, at: int, slo_ms: float = 100) -> Request:
-    slo = round(slo_ms * MS)
-    return Request(i, model, at, at + slo, slo)
-
-
-def ok(action_id: int, device: int, begin: int, end: int) -> ActionResult:
-    return ActionResult(action_id, device, ActionStatus.OK, Timing(begin, end))
 
 
 def warm(policy: ClockworkScheduler, model: str, device: int = 0, at: int = 0) -> int:

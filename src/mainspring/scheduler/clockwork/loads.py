@@ -15,10 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mainspring.scheduler.base import Decisions
-from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.time import ms_to_ns
-
-NEVER = 1 << 62
 
 if TYPE_CHECKING:
     from mainspring.scheduler.clockwork.policy import ClockworkScheduler

@@ -32,11 +32,10 @@ from mainspring.scheduler.clockwork.config import ClockworkConfig
 from mainspring.scheduler.clockwork.estimator import DecayingRate, Estimator
 from mainspring.scheduler.clockwork.loads import plan_loads
 from mainspring.scheduler.clockwork.queues import ModelQueue
-from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.time import NS_PER_S, ms_to_ns, ns_to_ms
 
-NEVER = 1 << 62
 EVICT_WINDOW_NS = 3600 * NS_PER_S  # an eviction is safe whenever it runs
 
 

@@ -7,6 +7,8 @@ from collections import OrderedDict
 from mainspring.protocol import DeviceSpec
 from mainspring.scheduler.clockwork.estimator import DecayingRate
 
+NEVER = 1 << 62  # a time later than any run
+
 
 class LaneTracker:
     """Predicts when one lane becomes free from the actions in flight on it.

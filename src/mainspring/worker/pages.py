@@ -13,6 +13,13 @@ from collections.abc import Sequence
 MIB = 1024 * 1024
 DEFAULT_PAGE_BYTES = 16 * MIB
 DEFAULT_POOL_BYTES = 32 * 1024 * MIB
+# Every tensor starts on this boundary inside its page (enough for any dtype and for vector loads).
+TENSOR_ALIGN_BYTES = 256
+
+
+def aligned_bytes(nbytes: int) -> int:
+    """The room a tensor of ``nbytes`` takes in a page."""
+    return max(TENSOR_ALIGN_BYTES, -(-nbytes // TENSOR_ALIGN_BYTES) * TENSOR_ALIGN_BYTES)
 
 
 def pack_first_fit_decreasing(tensor_bytes: Sequence[int], page_bytes: int) -> list[list[int]]:
@@ -46,14 +53,19 @@ def pages_needed(weights_bytes: int, page_bytes: int, tensor_bytes: Sequence[int
 
 
 class PagePool:
-    """Counts pages per model on one device. Refuses, never evicts on its own."""
+    """Hands out page numbers per model on one device. Refuses, never evicts on its own.
+
+    The lowest free page numbers are taken first; the real worker maps page ``n`` to
+    bytes ``[n * page_bytes, (n + 1) * page_bytes)`` of its arena.
+    """
 
     def __init__(self, capacity_bytes: int = DEFAULT_POOL_BYTES, page_bytes: int = DEFAULT_PAGE_BYTES) -> None:
         if page_bytes <= 0 or capacity_bytes < page_bytes:
             raise ValueError(f"bad page pool: capacity {capacity_bytes} bytes, page {page_bytes} bytes")
         self.page_bytes = page_bytes
         self.total_pages = capacity_bytes // page_bytes
-        self._held: dict[str, int] = {}
+        self._held: dict[str, list[int]] = {}
+        self._free = list(range(self.total_pages))  # kept sorted
         self._used = 0
 
     @property
@@ -68,7 +80,10 @@ class PagePool:
         return model in self._held
 
     def pages_of(self, model: str) -> int:
-        return self._held.get(model, 0)
+        return len(self._held.get(model, ()))
+
+    def page_numbers(self, model: str) -> list[int]:
+        return list(self._held.get(model, ()))
 
     def allocate(self, model: str, pages: int) -> bool:
         """Reserve ``pages`` for ``model``; False (and nothing changes) if they do not fit."""
@@ -76,12 +91,14 @@ class PagePool:
             raise ValueError(f"model {model!r} already holds pages")
         if pages > self.free_pages:
             return False
-        self._held[model] = pages
+        self._held[model], self._free = self._free[:pages], self._free[pages:]
         self._used += pages
         return True
 
     def release(self, model: str) -> int:
         """Return the model's pages; returns how many were freed (0 if none were held)."""
-        pages = self._held.pop(model, 0)
-        self._used -= pages
-        return pages
+        pages = self._held.pop(model, [])
+        if pages:
+            self._free = sorted(self._free + pages)
+        self._used -= len(pages)
+        return len(pages)

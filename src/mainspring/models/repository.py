@@ -1,0 +1,133 @@
+"""The model repository on disk: ``<repo>/<model>/<version>/`` with a model file and ``config.json``.
+
+``config.json`` names the format and file, the inputs and outputs (KServe datatypes,
+shapes with -1 for the batch dimension), the supported batch sizes and the runtime.
+``profile.json`` beside it (written by ``mainspring profile``) holds measured profiles,
+one per device kind, in the format the simulator reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+
+from mainspring.models.profile import ModelProfile, dump_profiles, load_profiles
+from mainspring.protocol.tensors import TensorSpec
+
+CONFIG_FILE = "config.json"
+PROFILE_FILE = "profile.json"
+FORMATS = ("torch_export", "torchscript", "safetensors")
+
+
+class ModelLoadError(ValueError):
+    """A model that cannot be served: names the model, the file and the reason."""
+
+
+class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What ``config.json`` holds. ``architecture`` (a zoo name) is needed by the ``safetensors`` format only."""
+
+    name: str
+    format: str
+    file: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    runtime: str = "torch"
+    architecture: str | None = None
+    architecture_args: dict[str, int] = msgspec.field(default_factory=dict)
+    slo_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"format {self.format!r} is not one of {', '.join(FORMATS)}")
+        if self.runtime != "torch":
+            raise ValueError(f"runtime {self.runtime!r} is not supported (only 'torch')")
+        if not self.inputs or not self.outputs:
+            raise ValueError("a model needs at least one input and one output")
+        if not self.batch_sizes or any(b <= 0 for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes {list(self.batch_sizes)} must be positive")
+        if list(self.batch_sizes) != sorted(set(self.batch_sizes)):
+            raise ValueError(f"batch_sizes {list(self.batch_sizes)} must be increasing without repeats")
+        if self.format == "safetensors" and not self.architecture:
+            raise ValueError("format 'safetensors' needs an 'architecture' (a zoo model name)")
+        if self.slo_ms is not None and not self.slo_ms > 0:
+            raise ValueError(f"slo_ms must be positive, got {self.slo_ms}")
+        for spec in (*self.inputs, *self.outputs):
+            if spec.shape[0] != -1:
+                raise ValueError(f"tensor {spec.name!r}: the first (batch) dimension must be -1")
+
+    @property
+    def max_batch(self) -> int:
+        return self.batch_sizes[-1]
+
+
+class ModelRepository:
+    """A folder of models; the served version of a model is its highest version."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise ModelLoadError(f"model repository {self.root} is not a folder")
+
+    def models(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and self.versions(p.name))
+
+    def versions(self, model: str) -> list[int]:
+        folder = self.root / model
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / CONFIG_FILE).is_file())
+
+    def latest_version(self, model: str) -> int:
+        versions = self.versions(model)
+        if not versions:
+            raise ModelLoadError(f"model {model!r} is not in repository {self.root}")
+        return versions[-1]
+
+    def path(self, model: str, version: int | None = None) -> Path:
+        return self.root / model / str(self.latest_version(model) if version is None else version)
+
+    def config(self, model: str, version: int | None = None) -> ModelConfig:
+        file = self.path(model, version) / CONFIG_FILE
+        try:
+            config = msgspec.json.decode(file.read_bytes(), type=ModelConfig)
+        except OSError as error:
+            raise ModelLoadError(f"cannot read {file}: {error.strerror}") from None
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as error:
+            raise ModelLoadError(f"bad config {file}: {error}") from None
+        if config.name != model:
+            raise ModelLoadError(f"bad config {file}: name {config.name!r} does not match its folder {model!r}")
+        return config
+
+    def model_file(self, model: str, version: int | None = None) -> Path:
+        return self.path(model, version) / self.config(model, version).file
+
+    def write(self, config: ModelConfig, version: int = 1) -> Path:
+        """Create the version folder and its ``config.json``; returns the folder (the model file goes there)."""
+        folder = self.root / config.name / str(version)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CONFIG_FILE).write_text(json.dumps(msgspec.to_builtins(config), indent=2) + "\n")
+        return folder
+
+    def profiles(self, model: str, version: int | None = None) -> list[ModelProfile]:
+        file = self.path(model, version) / PROFILE_FILE
+        return load_profiles(file) if file.is_file() else []
+
+    def profile(self, model: str, device_kind: str, version: int | None = None) -> ModelProfile | None:
+        return next((p for p in self.profiles(model, version) if p.device_kind == device_kind), None)
+
+    def write_profile(self, profile: ModelProfile, version: int | None = None) -> Path:
+        """Store ``profile``, replacing an older one of the same device kind."""
+        file = self.path(profile.model, version) / PROFILE_FILE
+        kept = [p for p in self.profiles(profile.model, version) if p.device_kind != profile.device_kind]
+        dump_profiles([*kept, profile], file, source="measured by mainspring profile")
+        return file
+
+    def all_profiles(self, device_kind: str | None = None) -> list[ModelProfile]:
+        """Every stored profile (of one device kind if given): what ``mainspring simulate --profiles REPO`` reads."""
+        found = []
+        for model in self.models():
+            found += [p for p in self.profiles(model) if device_kind in (None, p.device_kind)]
+        return found

@@ -1,0 +1,76 @@
+"""Tensor descriptions shared by the model repository, the workers and the frontend.
+
+Datatype names are the KServe v2 / Open Inference Protocol ones (``FP32``, ``INT64``...).
+A shape uses -1 for a dimension of any size; the first dimension is the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+DATATYPES: Mapping[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+_NAMES = {dtype: name for name, dtype in DATATYPES.items()}
+
+
+def numpy_dtype(datatype: str) -> np.dtype[Any]:
+    try:
+        return DATATYPES[datatype]
+    except KeyError:
+        raise ValueError(f"unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}") from None
+
+
+def datatype_of(dtype: np.dtype[Any]) -> str:
+    try:
+        return _NAMES[np.dtype(dtype)]
+    except KeyError:
+        raise ValueError(f"numpy dtype {dtype} has no KServe datatype") from None
+
+
+class TensorSpec(msgspec.Struct, frozen=True):
+    """One named input or output: datatype and shape (-1 for any size, first dimension the batch)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        numpy_dtype(self.datatype)
+        if not self.name:
+            raise ValueError("tensor name must not be empty")
+        if not self.shape or any(d < -1 or d == 0 for d in self.shape):
+            raise ValueError(f"tensor {self.name!r}: bad shape {list(self.shape)} (positive sizes or -1)")
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample: without the batch dimension."""
+        return self.shape[1:]
+
+    def check_sample(self, array: np.ndarray[Any, Any], where: str) -> None:
+        """Raise ``ValueError`` naming ``where`` unless ``array`` is one sample (batch 1) of this tensor."""
+        expected = numpy_dtype(self.datatype)
+        if array.dtype != expected:
+            raise ValueError(f"{where}: datatype {datatype_of(array.dtype)} does not match {self.datatype}")
+        if not shape_matches((1, *self.sample_shape), array.shape):
+            wanted = [1, *self.sample_shape]
+            raise ValueError(f"{where}: shape {list(array.shape)} does not match {wanted}")
+
+
+def shape_matches(pattern: Sequence[int], shape: Sequence[int]) -> bool:
+    return len(pattern) == len(shape) and all(p in (-1, s) for p, s in zip(pattern, shape, strict=True))

@@ -1,0 +1,119 @@
+"""An executor lane: one thread running one action at a time, in order of ``earliest_ns``.
+
+The lane waits for an action's window to open, refuses it without running when the
+window has closed (``TOO_LATE``) or opens too far ahead (``TOO_EARLY``), and otherwise
+hands it to the runtime. Every action submitted gets exactly one result.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from mainspring.protocol import Action, ActionResult, ActionStatus
+from mainspring.time import NS_PER_S, Clock
+
+log = logging.getLogger(__name__)
+
+RunAction = Callable[[Action, Any], ActionResult]
+ResultSink = Callable[[ActionResult], None]
+
+
+class Lane:
+    """A thread with a queue ordered by ``earliest_ns``; ``run`` does the work and returns the result."""
+
+    def __init__(
+        self,
+        name: str,
+        clock: Clock,
+        run: RunAction,
+        sink: ResultSink,
+        max_wait_ns: int = 10 * NS_PER_S,
+        on_thread_start: Callable[[], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._clock = clock
+        self._run = run
+        self._sink = sink
+        self._max_wait_ns = max_wait_ns
+        self._on_thread_start = on_thread_start
+        self._queue: list[tuple[int, int, Action, Any]] = []
+        self._seq = itertools.count()
+        self._wakeup = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, action: Action, payload: Any = None) -> None:
+        with self._wakeup:
+            if self._closed:
+                raise RuntimeError(f"lane {self.name} is closed")
+            heapq.heappush(self._queue, (action.earliest_ns, next(self._seq), action, payload))
+            self._wakeup.notify()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop after the running action; queued ones are answered with an error."""
+        with self._wakeup:
+            self._closed = True
+            self._wakeup.notify()
+        self._thread.join(timeout_s)
+
+    def _next(self) -> tuple[Action, Any, ActionResult | None] | None:
+        """The next action to run (with no result), or one to refuse (with its result); None when closed."""
+        with self._wakeup:
+            while True:
+                if self._closed:
+                    return None
+                if not self._queue:
+                    self._wakeup.wait()
+                    continue
+                earliest, _, action, payload = self._queue[0]
+                now = self._clock.now_ns()
+                if action.latest_ns < now:
+                    heapq.heappop(self._queue)
+                    late = f"window closed {(now - action.latest_ns) / 1e6:.3f} ms before the lane was free"
+                    return (
+                        action,
+                        payload,
+                        ActionResult(action.action_id, action.device, ActionStatus.TOO_LATE, None, late),
+                    )
+                if earliest > now + self._max_wait_ns:
+                    heapq.heappop(self._queue)
+                    early = f"window opens {(earliest - now) / 1e9:.1f} s ahead, more than the lane waits"
+                    return (
+                        action,
+                        payload,
+                        ActionResult(action.action_id, action.device, ActionStatus.TOO_EARLY, None, early),
+                    )
+                if earliest > now:
+                    self._wakeup.wait((earliest - now) / NS_PER_S)
+                    continue
+                heapq.heappop(self._queue)
+                return action, payload, None
+
+    def _loop(self) -> None:
+        if self._on_thread_start is not None:
+            self._on_thread_start()
+        while (item := self._next()) is not None:
+            action, payload, result = item
+            if result is None:
+                try:
+                    result = self._run(action, payload)
+                except Exception as error:  # a runtime bug must still answer the action
+                    log.exception("lane %s: action %d failed", self.name, action.action_id)
+                    result = ActionResult(action.action_id, action.device, ActionStatus.ERROR, None, repr(error))
+            self._deliver(result)
+        with self._wakeup:
+            left, self._queue = self._queue, []
+        for _, _, action, _ in left:
+            self._deliver(ActionResult(action.action_id, action.device, ActionStatus.ERROR, None, "worker shut down"))
+
+    def _deliver(self, result: ActionResult) -> None:
+        try:
+            self._sink(result)
+        except Exception:
+            log.exception("lane %s: result sink failed for action %d", self.name, result.action_id)

@@ -1,0 +1,384 @@
+"""One real device (a CPU arena or a CUDA GPU) running actions with PyTorch.
+
+Weights of every registered model stay in host memory (pinned on CUDA). The device
+allocates its page pool once, as one arena; ``LoadWeights`` copies a model's tensors
+into pages (first-fit-decreasing, never straddling a page) and points the module's
+parameters at those page views, so inference reads the weights from the pages and no
+other copy is made. ``EvictWeights`` returns the pages. Each load is a new
+``Residency``; an inference that finds a different one when it ends (its model was
+evicted or reloaded meanwhile) reports an error instead of outputs that may be wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from mainspring.models.repository import ModelConfig
+from mainspring.protocol import (
+    Action,
+    ActionResult,
+    ActionStatus,
+    DeviceSpec,
+    EvictWeights,
+    Infer,
+    LoadWeights,
+    Timing,
+)
+from mainspring.protocol.tensors import shape_matches
+from mainspring.time import Clock
+from mainspring.worker.executor import Lane, ResultSink
+from mainspring.worker.pages import PagePool, aligned_bytes, pack_first_fit_decreasing
+
+log = logging.getLogger(__name__)
+
+Sample = Mapping[str, np.ndarray[Any, Any]]
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ExecSettings:
+    """What makes CPU execution predictable; each measured by ``benchmarks/cpu_exec_settings.py``."""
+
+    intra_op_threads: int | None = 1  # None leaves torch's default (all cores)
+    pin_exec_thread: bool = False
+    inference_mode: bool = True
+    warmup_runs: int = 3
+    cuda_graphs: bool = True
+
+
+@dataclass
+class HostModel:
+    """A registered model's weights in host memory and where each tensor goes in its pages."""
+
+    config: ModelConfig
+    names: tuple[str, ...]
+    host: tuple[torch.Tensor, ...]
+    tensor_bytes: tuple[int, ...]  # aligned: the room each tensor takes in a page
+    layout: list[list[int]]  # tensor indices per page, first-fit-decreasing
+
+    @classmethod
+    def from_tensors(
+        cls, config: ModelConfig, tensors: Mapping[str, torch.Tensor], page_bytes: int, pin: bool
+    ) -> HostModel:
+        names = tuple(tensors)
+        host = tuple(t.detach().contiguous() for t in tensors.values())
+        if pin:
+            host = tuple(t.pin_memory() for t in host)
+        sizes = tuple(aligned_bytes(t.numel() * t.element_size()) for t in host)
+        return cls(config, names, host, sizes, pack_first_fit_decreasing(sizes, page_bytes))
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.host)
+
+
+@dataclass
+class Residency:
+    """One load of one model: the page views its parameters point at (and CUDA graphs captured on them)."""
+
+    views: tuple[torch.Tensor, ...]
+    graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = field(default_factory=dict)
+
+
+@dataclass
+class _Binding:
+    """A model's module on this device, its parameter objects (in ``HostModel.names`` order) and input buffers."""
+
+    model: HostModel
+    module: nn.Module
+    params: tuple[torch.Tensor, ...]
+    inputs: dict[int, tuple[torch.Tensor, ...]]
+
+
+class TorchDevice:
+    """Page pool, resident models and the exec and weight-load lanes of one device."""
+
+    def __init__(
+        self,
+        spec: DeviceSpec,
+        torch_device: torch.device,
+        clock: Clock,
+        sink: ResultSink,
+        settings: ExecSettings,
+    ) -> None:
+        self.spec = spec
+        self.device = torch_device
+        self.settings = settings
+        self._clock = clock
+        self._cuda = torch_device.type == "cuda"
+        self.pool = PagePool(spec.pool_bytes, spec.page_bytes)
+        self._arena = torch.empty(self.pool.total_pages * spec.page_bytes, dtype=torch.uint8, device=torch_device)
+        self._bindings: dict[str, _Binding] = {}
+        self._resident: dict[str, Residency] = {}
+        self._exec_stream = _stream(torch_device) if self._cuda else None
+        self._load_stream = _stream(torch_device) if self._cuda else None
+        pin = _pin_to_core(spec.device) if settings.pin_exec_thread else None
+        self._exec_lane = Lane(f"exec-{spec.device}", clock, self._run_exec, sink, on_thread_start=pin)
+        self._load_lane = Lane(f"load-{spec.device}", clock, self._run_load, sink)
+
+    @property
+    def resident_models(self) -> frozenset[str]:
+        return frozenset(self._resident)
+
+    def submit(self, action: Action, inputs: Sequence[Sample] | None = None) -> None:
+        lane = self._exec_lane if isinstance(action, Infer) else self._load_lane
+        lane.submit(action, inputs)
+
+    def close(self) -> None:
+        self._exec_lane.close()
+        self._load_lane.close()
+
+    # -- registration -----------------------------------------------------------------------------------------
+
+    def add(self, model: HostModel, module: nn.Module) -> dict[int, list[int]]:
+        """Bind ``module`` to this device; warm up every batch size; returns the measured exec times (ns)."""
+        params_by_name = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        params = tuple(params_by_name[name] for name in model.names)
+        config = model.config
+        with self._inference():
+            inputs = {
+                b: tuple(
+                    torch.zeros((b, *spec.sample_shape), dtype=_torch_dtype(spec.datatype), device=self.device)
+                    for spec in config.inputs
+                )
+                for b in config.batch_sizes
+            }
+        binding = _Binding(model, module, params, inputs)
+        # Warm up on temporary weights on the device: the pool is the controller's to fill.
+        self._bind(binding, tuple(h.to(self.device) for h in model.host))
+        timings = {b: self._warm_up(binding, b) for b in config.batch_sizes}
+        self._bind(binding, model.host)
+        self._bindings[config.name] = binding
+        return timings
+
+    def remove(self, model: str) -> None:
+        self._bindings.pop(model, None)
+        self._resident.pop(model, None)
+        self.pool.release(model)
+
+    def _warm_up(self, binding: _Binding, batch: int) -> list[int]:
+        durations = []
+        for _ in range(max(1, self.settings.warmup_runs) + 1):
+            begin = self._clock.now_ns()
+            outputs = self._forward(binding, None, batch)
+            self._synchronize()
+            durations.append(self._clock.now_ns() - begin)
+        _check_outputs(binding.model.config, outputs, batch)
+        return durations[1:]
+
+    # -- the lanes ----------------------------------------------------------------------------------------------
+
+    def _run_load(self, action: Action, _: object) -> ActionResult:
+        if isinstance(action, EvictWeights):
+            return self._evict(action)
+        assert isinstance(action, LoadWeights)
+        binding = self._bindings.get(action.model)
+        if binding is None:
+            return self._refuse(action, ActionStatus.ERROR, f"model {action.model!r} is not registered on this worker")
+        if action.model in self._resident:
+            return self._refuse(action, ActionStatus.ERROR, f"{action.model} is already resident")
+        pages = len(binding.model.layout)
+        if not self.pool.allocate(action.model, pages):
+            free = self.pool.free_pages
+            return self._refuse(action, ActionStatus.OUT_OF_MEMORY, f"{action.model} needs {pages} pages, {free} free")
+
+        def load() -> Residency:
+            views = self._views(binding.model, self.pool.page_numbers(action.model))
+            self._copy(views, binding.model.host)
+            self._bind(binding, views)
+            residency = Residency(views)
+            if self._cuda and self.settings.cuda_graphs:
+                self._capture_graphs(binding, residency)
+            return residency
+
+        timing, residency = self._timed(self._load_stream, load)
+        self._resident[action.model] = residency
+        return ActionResult(action.action_id, action.device, ActionStatus.OK, timing)
+
+    def _evict(self, action: EvictWeights) -> ActionResult:
+        if action.model not in self._resident:
+            return self._refuse(action, ActionStatus.NOT_RESIDENT, f"{action.model} is not resident")
+        begin = self._clock.now_ns()
+        del self._resident[action.model]
+        self.pool.release(action.model)
+        return ActionResult(action.action_id, action.device, ActionStatus.OK, Timing(begin, self._clock.now_ns()))
+
+    def _run_exec(self, action: Action, samples: Sequence[Sample] | None) -> ActionResult:
+        assert isinstance(action, Infer)
+        binding = self._bindings.get(action.model)
+        if binding is None:
+            return self._refuse(action, ActionStatus.ERROR, f"model {action.model!r} is not registered on this worker")
+        residency = self._resident.get(action.model)
+        if residency is None:
+            return self._refuse(action, ActionStatus.NOT_RESIDENT, f"{action.model} is not resident")
+        problem = _check_batch(binding.model.config, action, samples)
+        if problem:
+            return self._refuse(action, ActionStatus.ERROR, problem)
+        assert samples is not None
+
+        def infer() -> list[np.ndarray[Any, Any]]:
+            outputs = self._forward(binding, residency, action.batch_size, samples)
+            return [o.cpu().numpy() for o in outputs]
+
+        timing, arrays = self._timed(self._exec_stream, infer)
+        if self._resident.get(action.model) is not residency:
+            message = f"weights of {action.model} were evicted or reloaded during the inference; outputs discarded"
+            return ActionResult(action.action_id, action.device, ActionStatus.ERROR, timing, message)
+        names = [spec.name for spec in binding.model.config.outputs]
+        per_request: list[object] = [
+            {name: np.array(array[i : i + 1]) for name, array in zip(names, arrays, strict=True)}
+            for i in range(len(samples))
+        ]
+        return ActionResult(action.action_id, action.device, ActionStatus.OK, timing, outputs=per_request)
+
+    # -- the work -------------------------------------------------------------------------------------------------
+
+    def _forward(
+        self, binding: _Binding, residency: Residency | None, batch: int, samples: Sequence[Sample] = ()
+    ) -> tuple[torch.Tensor, ...]:
+        buffers = binding.inputs[batch]
+        with self._inference(), torch.cuda.stream(self._exec_stream) if self._exec_stream else _nothing():
+            for i, sample in enumerate(samples):
+                for spec, buffer in zip(binding.model.config.inputs, buffers, strict=True):
+                    buffer[i : i + 1].copy_(torch.from_numpy(sample[spec.name]), non_blocking=self._cuda)
+            graph = residency.graphs.get(batch) if residency is not None else None
+            if graph is not None:
+                graph[0].replay()
+                return graph[1]
+            return _as_tuple(binding.module(*buffers))
+
+    def _views(self, model: HostModel, pages: list[int]) -> tuple[torch.Tensor, ...]:
+        views: list[torch.Tensor | None] = [None] * len(model.host)
+        page_bytes = self.spec.page_bytes
+        for page, members in zip(pages, model.layout, strict=True):
+            offset = page * page_bytes
+            for index in members:
+                host = model.host[index]
+                nbytes = host.numel() * host.element_size()
+                views[index] = self._arena[offset : offset + nbytes].view(host.dtype).view(host.shape)
+                offset += model.tensor_bytes[index]
+        return tuple(v for v in views if v is not None)
+
+    def _copy(self, views: Sequence[torch.Tensor], host: Sequence[torch.Tensor]) -> None:
+        with torch.no_grad(), torch.cuda.stream(self._load_stream) if self._load_stream else _nothing():
+            for view, tensor in zip(views, host, strict=True):
+                view.copy_(tensor, non_blocking=self._cuda)
+
+    @staticmethod
+    def _bind(binding: _Binding, tensors: Sequence[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for param, tensor in zip(binding.params, tensors, strict=True):
+                param.data = tensor
+
+    def _capture_graphs(self, binding: _Binding, residency: Residency) -> None:
+        """Capture each batch size as a CUDA graph on the fresh page views; eager where the model does not allow it."""
+        for batch, buffers in binding.inputs.items():
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.inference_mode(), torch.cuda.stream(self._load_stream):
+                    _as_tuple(binding.module(*buffers))  # first run outside the graph (lazy initialisation)
+                    with torch.cuda.graph(graph, stream=self._load_stream):
+                        outputs = _as_tuple(binding.module(*buffers))
+                residency.graphs[batch] = (graph, outputs)
+            except RuntimeError as error:
+                log.info("model %s batch %d runs eagerly: no CUDA graph (%s)", binding.model.config.name, batch, error)
+
+    def _timed(self, stream: torch.cuda.Stream | None, work: Callable[[], _T]) -> tuple[Timing, _T]:
+        """Run ``work``; on CUDA its duration comes from events on ``stream``, not from host timers."""
+        begin = self._clock.now_ns()
+        if stream is None:
+            result = work()
+            return Timing(begin, self._clock.now_ns()), result
+        start, end = _timing_event(), _timing_event()
+        start.record(stream)
+        result = work()
+        end.record(stream)
+        end.synchronize()
+        return Timing(begin, begin + round(start.elapsed_time(end) * 1e6)), result
+
+    def _synchronize(self, stream: torch.cuda.Stream | None = None) -> None:
+        if self._cuda:
+            (stream or self._exec_stream or torch.cuda.current_stream(self.device)).synchronize()
+
+    def _inference(self) -> Any:
+        return torch.inference_mode() if self.settings.inference_mode else torch.no_grad()
+
+    @staticmethod
+    def _refuse(action: Action, status: ActionStatus, message: str) -> ActionResult:
+        return ActionResult(action.action_id, action.device, status, None, message)
+
+
+def _check_batch(config: ModelConfig, action: Infer, samples: Sequence[Sample] | None) -> str:
+    if action.batch_size not in config.batch_sizes:
+        return f"batch size {action.batch_size} is not one of {list(config.batch_sizes)} for {config.name}"
+    if len(action.request_ids) > action.batch_size:
+        return f"{len(action.request_ids)} requests do not fit a batch of {action.batch_size}"
+    if samples is None or len(samples) != len(action.request_ids):
+        return f"expected inputs for {len(action.request_ids)} requests, got {0 if samples is None else len(samples)}"
+    for i, sample in enumerate(samples):
+        for spec in config.inputs:
+            if spec.name not in sample:
+                return f"request {action.request_ids[i]}: input {spec.name!r} is missing"
+            try:
+                spec.check_sample(sample[spec.name], f"request {action.request_ids[i]} input {spec.name!r}")
+            except ValueError as error:
+                return str(error)
+    return ""
+
+
+def _check_outputs(config: ModelConfig, outputs: tuple[torch.Tensor, ...], batch: int) -> None:
+    if len(outputs) != len(config.outputs):
+        raise ValueError(f"the model returns {len(outputs)} outputs, its config names {len(config.outputs)}")
+    for spec, tensor in zip(config.outputs, outputs, strict=True):
+        if not shape_matches((batch, *spec.sample_shape), tuple(tensor.shape)):
+            raise ValueError(
+                f"output {spec.name!r}: the model returns shape {list(tensor.shape)}, config says {list(spec.shape)}"
+            )
+        if tensor.dtype != _torch_dtype(spec.datatype):
+            raise ValueError(f"output {spec.name!r}: the model returns {tensor.dtype}, config says {spec.datatype}")
+
+
+def _torch_dtype(datatype: str) -> torch.dtype:
+    from mainspring.protocol.tensors import numpy_dtype
+
+    return torch.from_numpy(np.zeros(0, dtype=numpy_dtype(datatype))).dtype
+
+
+def _as_tuple(result: object) -> tuple[torch.Tensor, ...]:
+    if isinstance(result, torch.Tensor):
+        return (result,)
+    if isinstance(result, list | tuple) and all(isinstance(t, torch.Tensor) for t in result):
+        return tuple(result)
+    raise ValueError(f"the model returned {type(result).__name__}, expected a tensor or a tuple of tensors")
+
+
+def _stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+
+
+def _timing_event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+
+
+def _pin_to_core(device: int) -> Callable[[], None]:
+    def pin() -> None:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[device % len(cores)]})
+
+    return pin
+
+
+class _nothing:  # noqa: N801 - a no-op context manager, cheaper than contextlib.nullcontext in the hot path
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        return None

@@ -1,0 +1,178 @@
+"""``TorchWorker``: real PyTorch inference on the CPU or CUDA devices of this machine.
+
+Models come from a repository. Registering a model reads its file once, keeps its
+weights in host memory, binds a module per device, checks the config against the
+model (warm-up of every batch size) and takes its profile from the repository or,
+where none was measured for this device kind, from the warm-up runs and a timed copy.
+A model that cannot be served is reported by name and reason; the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+
+from mainspring.models.loading import load_module, state_tensors
+from mainspring.models.profile import ModelProfile
+from mainspring.models.repository import ModelConfig, ModelLoadError, ModelRepository
+from mainspring.protocol import Action, DeviceSpec
+from mainspring.time import Clock, WallClock
+from mainspring.worker.api import ResultCallback, Sample
+from mainspring.worker.pages import DEFAULT_PAGE_BYTES, MIB
+from mainspring.worker.runtimes.torch_device import ExecSettings, HostModel, TorchDevice
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CPU_POOL_BYTES = 2048 * MIB
+
+
+def device_kind(device: torch.device) -> str:
+    """The profile key of a device: ``cpu`` or the GPU's name (``nvidia-h200``)."""
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device).lower().replace(" ", "-")
+
+
+def default_pool_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 2
+    return DEFAULT_CPU_POOL_BYTES
+
+
+class TorchWorker:
+    """Executes actions on real devices; results arrive through ``on_result`` from the lane threads."""
+
+    def __init__(
+        self,
+        repo: ModelRepository,
+        on_result: ResultCallback,
+        devices: Sequence[str] = ("cpu",),
+        *,
+        models: Iterable[str] | None = None,
+        pool_bytes: int | None = None,
+        page_bytes: int = DEFAULT_PAGE_BYTES,
+        settings: ExecSettings | None = None,
+        clock: Clock | None = None,
+        use_stored_profiles: bool = True,
+    ) -> None:
+        self.repo = repo
+        self.settings = settings or ExecSettings()
+        self.use_stored_profiles = use_stored_profiles
+        if self.settings.intra_op_threads is not None:
+            torch.set_num_threads(self.settings.intra_op_threads)  # process-wide: one worker process per device
+        torch.backends.cudnn.benchmark = False  # the same kernels every run
+        self._clock = clock or WallClock()
+        self._devices: list[TorchDevice] = []
+        for index, name in enumerate(devices):
+            target = torch.device(name)
+            pool = pool_bytes if pool_bytes is not None else default_pool_bytes(target)
+            spec = DeviceSpec(index, device_kind(target), pool, page_bytes)
+            self._devices.append(TorchDevice(spec, target, self._clock, on_result, self.settings))
+        kinds = {d.spec.kind for d in self._devices}
+        if len(kinds) > 1:
+            raise ValueError(f"one worker serves one device kind, got {sorted(kinds)}")
+        self.kind = kinds.pop()
+        self._models: dict[str, tuple[ModelConfig, ModelProfile]] = {}
+        self._lock = threading.Lock()
+        self.load_errors: dict[str, str] = {}
+        for model in repo.models() if models is None else models:
+            try:
+                self.register(model)
+            except ModelLoadError as error:
+                self.load_errors[model] = str(error)
+                log.error("not serving %s: %s", model, error)
+
+    @property
+    def devices(self) -> Sequence[DeviceSpec]:
+        return [d.spec for d in self._devices]
+
+    def profiles(self) -> Mapping[str, ModelProfile]:
+        return {name: profile for name, (_, profile) in self._models.items()}
+
+    def configs(self) -> Mapping[str, ModelConfig]:
+        return {name: config for name, (config, _) in self._models.items()}
+
+    def resident_models(self, device: int = 0) -> frozenset[str]:
+        return self._devices[device].resident_models
+
+    def register(self, model: str, version: int | None = None) -> ModelProfile:
+        """Read, check and warm up ``model``; ``ModelLoadError`` (naming the file and the reason) if it cannot serve."""
+        with self._lock:
+            if model in self._models:
+                raise ModelLoadError(f"model {model!r} is already registered")
+            config, module = load_module(self.repo, model, version)
+            first = self._devices[0]
+            host = HostModel.from_tensors(
+                config, state_tensors(module), first.spec.page_bytes, first.device.type == "cuda"
+            )
+            timings: dict[int, list[int]] = {}
+            try:
+                for index, device in enumerate(self._devices):
+                    module_here = module if index == 0 else load_module(self.repo, model, version)[1]
+                    timings = device.add(host, module_here)
+            except (RuntimeError, ValueError) as error:
+                for device in self._devices:
+                    device.remove(model)
+                reason = str(error).strip().splitlines()[0]
+                raise ModelLoadError(
+                    f"model {model!r}: does not run as {self.repo.path(model, version)}/config.json "
+                    f"describes it: {reason}"
+                ) from error
+            profile = self._stored_profile(model, version) or self._measured_profile(host, timings)
+            self._models[model] = (config, profile)
+            self.load_errors.pop(model, None)
+            log.info(
+                "serving %s (%d tensors, %.1f MB, %d pages)",
+                model,
+                len(host.host),
+                host.weights_bytes / 1e6,
+                len(host.layout),
+            )
+            return profile
+
+    def unregister(self, model: str) -> None:
+        """Stop serving ``model`` and free its pages. The controller must not send it actions afterwards."""
+        with self._lock:
+            self._models.pop(model, None)
+            for device in self._devices:
+                device.remove(model)
+
+    def submit(self, action: Action, inputs: Sequence[Sample] | None = None) -> None:
+        if not 0 <= action.device < len(self._devices):
+            raise ValueError(
+                f"action {action.action_id} names device {action.device}, this worker has {len(self._devices)}"
+            )
+        self._devices[action.device].submit(action, inputs)
+
+    def close(self) -> None:
+        for device in self._devices:
+            device.close()
+
+    def _stored_profile(self, model: str, version: int | None) -> ModelProfile | None:
+        if not self.use_stored_profiles:
+            return None
+        stored = self.repo.profile(model, self.kind, version)
+        if stored is not None:
+            log.info("%s: using the profile stored in the repository for %s", model, self.kind)
+        return stored
+
+    def _measured_profile(self, host: HostModel, timings: Mapping[int, list[int]]) -> ModelProfile:
+        """A first profile from the warm-up runs (the slowest of each) and one timed copy of the weights."""
+        scratch = [torch.empty_like(t, device=self._devices[0].device) for t in host.host]
+        begin = self._clock.now_ns()
+        for target, source in zip(scratch, host.host, strict=True):
+            target.copy_(source)
+        if self._devices[0].device.type == "cuda":
+            torch.cuda.synchronize(self._devices[0].device)
+        load_ns = self._clock.now_ns() - begin
+        return ModelProfile(
+            model=host.config.name,
+            device_kind=self.kind,
+            weights_bytes=host.weights_bytes,
+            load_ns=max(1, load_ns),
+            exec_ns={b: max(runs) for b, runs in timings.items()},
+            tensor_bytes=host.tensor_bytes,
+        )

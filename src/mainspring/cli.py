@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
 from mainspring.models.profile import ModelProfile, builtin_profiles, load_profiles, model_copies
 from mainspring.scheduler.registry import DEFAULT_POLICY, parse_policies, policy_names
 from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
@@ -29,7 +30,9 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--policy", default=DEFAULT_POLICY, help=f"comma-separated policies ({', '.join(policy_names())})")
     p.add_argument("--devices", type=int, default=6, help="emulated devices (default 6)")
     p.add_argument("--models", type=int, default=4026, help="model copies of the profiles (default 4026)")
-    p.add_argument("--profiles", type=Path, help="profile file (default: Clockwork's V100 profiles)")
+    p.add_argument(
+        "--profiles", type=Path, help="profile file or profiled model repository (default: Clockwork's V100 profiles)"
+    )
     p.add_argument("--workload", default="azure", help=f"one of {', '.join(WORKLOADS)} (default azure)")
     p.add_argument("--trace", type=Path, help="Azure Functions trace CSV (default: the bundled sample)")
     p.add_argument("--trace-scale", type=float, default=1.0, help="multiply trace invocations (default 1)")
@@ -56,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mainspring", description="Predictable DNN model serving.")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_simulate(commands)
+    add_zoo(commands)
+    add_profile(commands)
     return parser
 
 
@@ -79,7 +84,16 @@ def _workload(args: argparse.Namespace) -> Workload:
 
 
 def _profiles(args: argparse.Namespace) -> list[ModelProfile]:
-    base = load_profiles(args.profiles) if args.profiles is not None else builtin_profiles()
+    if args.profiles is None:
+        base = builtin_profiles()
+    elif args.profiles.is_dir():
+        from mainspring.models.repository import ModelRepository
+
+        base = ModelRepository(args.profiles).all_profiles()
+        if not base:
+            raise CliError(f"repository {args.profiles} holds no profiles: run `mainspring profile {args.profiles}`")
+    else:
+        base = load_profiles(args.profiles)
     return model_copies(base, args.models)
 
 
@@ -142,7 +156,7 @@ def _simulate_with_progress(
         return simulate(policy, profiles, workload, config, arrivals, progress=advance)
 
 
-_COMMANDS = {"simulate": _run_simulate}
+_COMMANDS = {"simulate": _run_simulate, "zoo": run_zoo, "profile": run_profile}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -150,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(_COMMANDS[args.command](args))
-    except (CliError, ValueError) as error:
+    except (CliError, ModelsCliError, ValueError) as error:
         parser.exit(2, f"mainspring {args.command}: error: {error}\n")
 
 

@@ -43,7 +43,9 @@ def _read(config: ModelConfig, file: Path) -> nn.Module:
         exported: nn.Module = torch.export.load(file).module()
         return exported
     if config.format == "torchscript":
-        scripted: nn.Module = torch.jit.load(file, map_location="cpu")  # type: ignore[no-untyped-call]
+        with warnings.catch_warnings():  # TorchScript is deprecated upstream; existing archives still load
+            warnings.simplefilter("ignore", DeprecationWarning)
+            scripted: nn.Module = torch.jit.load(file, map_location="cpu")  # type: ignore[no-untyped-call]
         return scripted
     from safetensors.torch import load_file
 
@@ -100,8 +102,11 @@ def export_zoo_model(
             dynamic = tuple({0: batch} for _ in inputs)
             torch.export.save(torch.export.export(module, example, dynamic_shapes=dynamic), target)
         elif fmt == "torchscript":
-            with warnings.catch_warnings():  # trace warns about shapes read as Python ints; batch stays dynamic
+            with warnings.catch_warnings():
+                # PyTorch deprecates TorchScript (we still serve existing archives), and the tracer warns about
+                # shapes read as Python ints (the batch dimension stays dynamic: the tests run every batch size).
                 warnings.simplefilter("ignore", TracerWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
                 traced = torch.jit.trace(module, example)  # type: ignore[no-untyped-call]
             traced.save(str(target))
         else:

@@ -116,6 +116,7 @@ class TorchDevice:
         self._cuda = torch_device.type == "cuda"
         self.pool = PagePool(spec.pool_bytes, spec.page_bytes)
         self._arena = torch.empty(self.pool.total_pages * spec.page_bytes, dtype=torch.uint8, device=torch_device)
+        self._arena.zero_()  # touch every page now: a first-touch page fault would make the first loads slow
         self._bindings: dict[str, _Binding] = {}
         self._resident: dict[str, Residency] = {}
         self._exec_stream = _stream(torch_device) if self._cuda else None

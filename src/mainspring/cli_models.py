@@ -1,0 +1,115 @@
+"""``mainspring zoo export`` and ``mainspring profile``: torch is imported only when they run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mainspring.time import ns_to_ms
+
+ZOO_FORMATS = ("torch_export", "torchscript", "safetensors")
+
+
+class ModelsCliError(Exception):
+    """A user error in these commands (printed as one line, exit status 2)."""
+
+
+def add_zoo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    zoo = commands.add_parser("zoo", help="the built-in model zoo")
+    actions = zoo.add_subparsers(dest="zoo_command", required=True)
+    p = actions.add_parser("export", help="write zoo models (seeded random weights) into a model repository")
+    p.add_argument("--out", type=Path, required=True, help="repository folder (created if missing)")
+    p.add_argument("--models", default="resnet18,resnet50,mobilenetv2,bert_tiny,mlp", help="comma-separated names")
+    p.add_argument("--copies", type=int, default=1, help="copies of each model, named <model>-<i> (default 1)")
+    p.add_argument("--image-size", type=int, default=64, help="image side for the vision models (default 64)")
+    p.add_argument("--format", default="torch_export", choices=ZOO_FORMATS, help="model file format")
+    p.add_argument("--batch-sizes", default="1,2,4,8", help="supported batch sizes (default 1,2,4,8)")
+
+
+def add_profile(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser("profile", help="measure load and exec times of a repository's models")
+    p.add_argument("repo", type=Path, help="model repository folder")
+    p.add_argument("--model", action="append", help="profile only this model (repeatable)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
+    p.add_argument("--max-runs", type=int, default=400, help="most timed runs per batch size (default 400)")
+    p.add_argument("--max-seconds", type=float, default=5.0, help="time budget per batch size (default 5 s)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ModelsCliError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise ModelsCliError(f"{flag} must list positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def run_zoo(args: argparse.Namespace) -> int:
+    from mainspring.models.loading import copy_model, export_zoo_model
+    from mainspring.models.repository import ModelRepository
+    from mainspring.models.zoo import ARCHITECTURES
+
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ARCHITECTURES]
+    if unknown or not names:
+        raise ModelsCliError(f"unknown zoo model(s) {unknown}; choose from {', '.join(ARCHITECTURES)}")
+    if args.copies <= 0 or args.image_size < 16:
+        raise ModelsCliError("--copies must be positive and --image-size at least 16")
+    batch_sizes = _int_list(args.batch_sizes, "--batch-sizes")
+    args.out.mkdir(parents=True, exist_ok=True)
+    repo = ModelRepository(args.out)
+    width = len(str(args.copies - 1))
+    for name in names:
+        arch_args = {"image_size": args.image_size} if "image_size" in ARCHITECTURES[name].defaults else {}
+        first = name if args.copies == 1 else f"{name}-{0:0{width}d}"
+        export_zoo_model(repo, name, fmt=args.format, args=arch_args, batch_sizes=batch_sizes, served_as=first)
+        for i in range(1, args.copies):
+            copy_model(repo, first, f"{name}-{i:0{width}d}")
+        print(f"{name}: {args.copies} model(s) in {args.out} ({args.format})")
+    return 0
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from mainspring.models.profiler import ActionRunner, ProfilerSettings, measure_exec, measure_load, profile_from
+    from mainspring.models.repository import ModelLoadError, ModelRepository
+    from mainspring.protocol import LoadWeights
+    from mainspring.worker.torch_worker import TorchWorker
+
+    repo = ModelRepository(args.repo)
+    models = args.model or repo.models()
+    if not models:
+        raise ModelsCliError(f"repository {args.repo} holds no models")
+    settings = ProfilerSettings(max_runs=args.max_runs, max_seconds_per_batch=args.max_seconds)
+    runner = ActionRunner()
+    worker = TorchWorker(repo, runner.results.put, [args.device], models=[], use_stored_profiles=False)
+    rows, failures = [], 0
+    try:
+        for model in tqdm(models, desc="profiling", unit="model", disable=args.quiet, file=sys.stderr):
+            try:
+                provisional = worker.register(model)
+            except ModelLoadError as error:
+                print(f"skipped: {error}", file=sys.stderr)
+                failures += 1
+                continue
+            config = worker.configs()[model]
+            loads = measure_load(runner, worker.submit, model, settings.load_runs)
+            runner.run(worker.submit, LoadWeights, model)
+            batches = [measure_exec(runner, worker.submit, config, b, settings) for b in config.batch_sizes]
+            worker.unregister(model)
+            profile = profile_from(provisional, loads, batches)
+            repo.write_profile(profile)
+            cells = " ".join(f"b{m.batch}={ns_to_ms(m.p50_ns):.2f}/{ns_to_ms(m.p99_ns):.2f}" for m in batches)
+            rows.append(
+                f"{model:<24} {profile.device_kind:<10} load {ns_to_ms(profile.load_ns):7.2f} ms  "
+                f"exec p50/p99 ms: {cells}"
+            )
+    finally:
+        worker.close()
+    print("\n".join(rows))
+    print(f"profiles written into {args.repo}/<model>/<version>/profile.json")
+    return 1 if failures else 0

@@ -1,0 +1,83 @@
+"""The CUDA path: pinned host weights, load and exec streams, event timing, CUDA graphs. Needs a GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from mainspring.models.profiler import sample_inputs
+from mainspring.models.repository import ModelRepository
+from mainspring.models.zoo import build_model
+from mainspring.protocol import ActionStatus
+from mainspring.worker.pages import MIB
+from mainspring.worker.torch_worker import TorchWorker
+from tests.torch_models import RESNET_ARGS, Results
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine"),
+]
+
+
+@pytest.fixture
+def results() -> Results:
+    return Results()
+
+
+@pytest.fixture
+def gpu_worker(small_zoo: ModelRepository, results: Results) -> Iterator[TorchWorker]:
+    worker = TorchWorker(small_zoo, results.put, ["cuda:0"], pool_bytes=512 * MIB)
+    yield worker
+    worker.close()
+
+
+def test_weights_are_pinned_and_pages_are_on_the_gpu(gpu_worker: TorchWorker, results: Results) -> None:
+    device = gpu_worker._devices[0]
+    assert device._arena.is_cuda
+    assert all(t.is_pinned() for t in device._bindings["resnet18"].model.host)
+    load = results.load("resnet18")
+    gpu_worker.submit(load)
+    assert results.wait(load.action_id).status is ActionStatus.OK
+    assert all(p.is_cuda for p in device._bindings["resnet18"].params)
+
+
+@pytest.mark.parametrize(("model", "args"), [("resnet18", RESNET_ARGS), ("bert_tiny", {}), ("mlp", {})])
+def test_gpu_outputs_match_the_cpu_and_graphs_are_captured(
+    gpu_worker: TorchWorker, results: Results, model: str, args: dict[str, int]
+) -> None:
+    load = results.load(model)
+    gpu_worker.submit(load)
+    assert results.wait(load.action_id).status is ActionStatus.OK
+    residency = gpu_worker._devices[0]._resident[model]
+    assert set(residency.graphs) == set(gpu_worker.configs()[model].batch_sizes)
+    config = gpu_worker.configs()[model]
+    for batch in config.batch_sizes:
+        samples = sample_inputs(config, batch, seed=batch)
+        infer = results.infer(model, batch, batch)
+        gpu_worker.submit(infer, samples)
+        result = results.wait(infer.action_id)
+        assert result.status is ActionStatus.OK and 0 < result.timing.duration_ns < 1_000_000_000
+        reference = build_model(model, args)
+        inputs = [torch.from_numpy(np.concatenate([s[spec.name] for s in samples])) for spec in config.inputs]
+        with torch.inference_mode():
+            expected = reference(*inputs).numpy()
+        got = np.concatenate([o[config.outputs[0].name] for o in result.outputs])
+        np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-3)  # TF32 and other kernels than the CPU's
+
+
+def test_gpu_exec_times_are_tight(gpu_worker: TorchWorker, results: Results) -> None:
+    load = results.load("resnet18")
+    gpu_worker.submit(load)
+    results.wait(load.action_id)
+    samples = sample_inputs(gpu_worker.configs()["resnet18"], 8)
+    durations = []
+    for _ in range(200):
+        infer = results.infer("resnet18", 8, 8)
+        gpu_worker.submit(infer, samples)
+        durations.append(results.wait(infer.action_id).timing.duration_ns)
+    p50, p99 = np.percentile(durations[20:], [50, 99])
+    print(f"resnet18 batch 8 on {gpu_worker.kind}: p50 {p50 / 1e6:.3f} ms p99 {p99 / 1e6:.3f} ms ratio {p99 / p50:.3f}")
+    assert p99 < 1_000_000_000

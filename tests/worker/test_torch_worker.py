@@ -1,0 +1,186 @@
+"""The torch worker on this CPU: real inference on paged weights, windows, refusals, versioning."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+import torch
+
+from mainspring.models.profiler import sample_inputs
+from mainspring.models.repository import ModelRepository
+from mainspring.models.zoo import build_model
+from mainspring.protocol import ActionStatus
+from mainspring.protocol.tensors import TensorSpec
+from mainspring.worker.pages import MIB
+from mainspring.worker.torch_worker import TorchWorker
+from tests.torch_models import RESNET_ARGS, Results
+
+POOL = 256 * MIB
+
+
+@pytest.fixture
+def results() -> Results:
+    return Results()
+
+
+@pytest.fixture
+def worker(small_zoo: ModelRepository, results: Results) -> Iterator[TorchWorker]:
+    w = TorchWorker(small_zoo, results.put, pool_bytes=POOL)
+    yield w
+    w.close()
+
+
+def run(worker: TorchWorker, results: Results, action: object, inputs: object = None) -> object:
+    worker.submit(action, inputs)  # type: ignore[arg-type]
+    return results.wait(action.action_id)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("model", "args"), [("mlp", {}), ("resnet18", RESNET_ARGS), ("bert_tiny", {})])
+def test_outputs_equal_an_eager_forward_of_the_same_weights(
+    worker: TorchWorker, results: Results, model: str, args: dict[str, int]
+) -> None:
+    config = worker.configs()[model]
+    assert run(worker, results, results.load(model)).status is ActionStatus.OK
+    samples = sample_inputs(config, 3, seed=11)
+    result = run(worker, results, results.infer(model, requests=3, batch=4), samples)  # padded 3 -> 4
+    assert result.status is ActionStatus.OK, result.message
+    assert len(result.outputs) == 3 and result.timing.duration_ns > 0
+    reference = build_model(model, args)
+    inputs = [torch.from_numpy(np.concatenate([s[spec.name] for s in samples])) for spec in config.inputs]
+    with torch.inference_mode():
+        expected = reference(*inputs).numpy()
+    name = config.outputs[0].name
+    got = np.concatenate([o[name] for o in result.outputs])
+    assert got.shape == expected.shape and got.shape[0] == 3
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_weights_live_in_pages_and_no_tensor_straddles_a_page(worker: TorchWorker, results: Results) -> None:
+    assert run(worker, results, results.load("resnet18")).status is ActionStatus.OK
+    device = worker._devices[0]
+    pages = device.pool.page_numbers("resnet18")
+    assert pages == list(range(worker.profiles()["resnet18"].pages(16 * MIB)))
+    arena = device._arena
+    base, page_bytes = arena.data_ptr(), device.spec.page_bytes
+    binding = device._bindings["resnet18"]
+    for param in binding.params:
+        start = param.data_ptr() - base
+        end = start + param.numel() * param.element_size() - 1
+        assert 0 <= start < arena.numel(), "a parameter is not in the page arena"
+        assert start // page_bytes == end // page_bytes, "a tensor straddles two pages"
+        assert start // page_bytes in pages
+
+
+def test_a_model_that_does_not_fit_is_refused_and_evict_frees_exactly_its_pages(
+    small_zoo: ModelRepository, results: Results
+) -> None:
+    worker = TorchWorker(small_zoo, results.put, pool_bytes=4 * 16 * MIB)  # 4 pages; resnet18 needs 3
+    try:
+        resnet_pages = worker.profiles()["resnet18"].pages(16 * MIB)
+        bert_pages = worker.profiles()["bert_tiny"].pages(16 * MIB)
+        assert resnet_pages + bert_pages > 4
+        assert run(worker, results, results.load("resnet18")).status is ActionStatus.OK
+        refused = run(worker, results, results.load("bert_tiny"))
+        assert refused.status is ActionStatus.OUT_OF_MEMORY and "bert_tiny" in refused.message
+        pool = worker._devices[0].pool
+        assert pool.used_pages == resnet_pages
+        assert run(worker, results, results.evict("resnet18")).status is ActionStatus.OK
+        assert pool.used_pages == 0
+        assert run(worker, results, results.load("bert_tiny")).status is ActionStatus.OK
+        assert pool.used_pages == bert_pages
+    finally:
+        worker.close()
+
+
+def test_window_refusals_run_nothing(worker: TorchWorker, results: Results) -> None:
+    late = results.load("mlp", start_in_ms=-2000)  # window [now-2 s, now-1 s] has closed
+    assert run(worker, results, late).status is ActionStatus.TOO_LATE
+    early = results.load("mlp", start_in_ms=11_000)  # opens more than the lane's 10 s ahead
+    assert run(worker, results, early).status is ActionStatus.TOO_EARLY
+    assert worker.resident_models() == frozenset()
+    waited = results.load("mlp", start_in_ms=50)
+    result = run(worker, results, waited)
+    assert result.status is ActionStatus.OK and result.timing.begin_ns >= waited.earliest_ns
+
+
+def test_infer_refusals_name_the_problem(worker: TorchWorker, results: Results) -> None:
+    samples = sample_inputs(worker.configs()["mlp"], 1)
+    not_resident = run(worker, results, results.infer("mlp", 1, 1), samples)
+    assert not_resident.status is ActionStatus.NOT_RESIDENT
+    assert run(worker, results, results.load("mlp")).status is ActionStatus.OK
+    unknown = run(worker, results, results.infer("nosuchmodel", 1, 1), samples)
+    assert unknown.status is ActionStatus.ERROR and "nosuchmodel" in unknown.message
+    bad_batch = run(worker, results, results.infer("mlp", 1, 3), samples)
+    assert bad_batch.status is ActionStatus.ERROR and "batch size 3" in bad_batch.message
+    wrong_dtype = [{"input": samples[0]["input"].astype(np.float64)}]
+    refused = run(worker, results, results.infer("mlp", 1, 1), wrong_dtype)
+    assert refused.status is ActionStatus.ERROR and "'input'" in refused.message and "FP64" in refused.message
+    assert run(worker, results, results.infer("mlp", 1, 1), samples).status is ActionStatus.OK
+
+
+def test_load_runs_beside_an_inference_on_its_own_lane(worker: TorchWorker, results: Results) -> None:
+    assert run(worker, results, results.load("resnet18")).status is ActionStatus.OK
+    samples = sample_inputs(worker.configs()["resnet18"], 8)
+    infer = results.infer("resnet18", 8, 8)
+    worker.submit(infer, samples)
+    load = results.load("bert_tiny", start_in_ms=2)
+    worker.submit(load)
+    infer_result, load_result = results.wait(infer.action_id), results.wait(load.action_id)
+    assert infer_result.status is load_result.status is ActionStatus.OK
+    assert load_result.timing.begin_ns < infer_result.timing.end_ns, "the load waited for the inference"
+    assert load_result.timing.end_ns > infer_result.timing.begin_ns
+
+
+def test_an_evict_during_an_inference_turns_it_into_an_error_not_wrong_outputs(
+    worker: TorchWorker, results: Results
+) -> None:
+    assert run(worker, results, results.load("resnet18")).status is ActionStatus.OK
+    samples = sample_inputs(worker.configs()["resnet18"], 8)
+    infer = results.infer("resnet18", 8, 8)
+    worker.submit(infer, samples)
+    evict = results.evict("resnet18", start_in_ms=3)
+    worker.submit(evict)
+    assert results.wait(evict.action_id).status is ActionStatus.OK
+    result = results.wait(infer.action_id)
+    if result.timing is not None and result.timing.end_ns < results.wait(evict.action_id).timing.begin_ns:
+        pytest.skip("the inference finished before the evict began (machine much faster than expected)")
+    assert result.status is ActionStatus.ERROR and "evicted" in result.message and result.outputs is None
+
+
+@pytest.fixture
+def damaged_repo(small_zoo: ModelRepository, tmp_path: Path) -> ModelRepository:
+    root = tmp_path / "repo"
+    shutil.copytree(small_zoo.root, root)
+    repo = ModelRepository(root)
+    (repo.path("resnet18") / "model.pt").write_bytes(b"not a torchscript archive")
+    config = repo.config("bert_tiny")
+    wrong = msgspec.structs.replace(config, outputs=(TensorSpec("pooled", "FP32", (-1, 64)),))  # the model gives 128
+    repo.write(wrong)
+    return repo
+
+
+def test_a_corrupt_file_and_a_wrong_shape_are_named_and_the_rest_is_served(
+    damaged_repo: ModelRepository, results: Results
+) -> None:
+    worker = TorchWorker(damaged_repo, results.put, pool_bytes=POOL)
+    try:
+        assert set(worker.profiles()) == {"mlp"}
+        assert "model.pt" in worker.load_errors["resnet18"] and "cannot load" in worker.load_errors["resnet18"]
+        assert "'pooled'" in worker.load_errors["bert_tiny"] and "[-1, 64]" in worker.load_errors["bert_tiny"]
+        assert run(worker, results, results.load("mlp")).status is ActionStatus.OK
+        samples = sample_inputs(worker.configs()["mlp"], 2)
+        assert run(worker, results, results.infer("mlp", 2, 2), samples).status is ActionStatus.OK
+    finally:
+        worker.close()
+
+
+def test_profiles_count_pages_as_the_worker_packs_them(worker: TorchWorker) -> None:
+    for name, profile in worker.profiles().items():
+        assert profile.device_kind == "cpu" and profile.load_ns > 0
+        assert set(profile.exec_ns) == set(worker.configs()[name].batch_sizes)
+        assert profile.pages(16 * MIB) == len(worker._devices[0]._bindings[name].model.layout)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from mainspring.protocol import Action, ActionResult, Request, Response
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response
 
 
 @dataclass(slots=True)
@@ -32,3 +33,24 @@ class Scheduler(Protocol):
     def on_result(self, result: ActionResult, now_ns: int) -> None: ...
 
     def schedule(self, now_ns: int) -> Decisions: ...
+
+
+@runtime_checkable
+class Membership(Protocol):
+    """Devices and models that come and go while serving (workers join or are lost, models are
+    loaded or unloaded through the repository API). Optional: a policy without it serves a
+    fixed set, as in the simulator."""
+
+    def add_device(self, spec: DeviceSpec) -> None: ...
+
+    def remove_device(self, device: int, now_ns: int) -> None:
+        """The device is gone and its results will never come: requests in its in-flight batches
+        are queued again where they can still make their deadline, else answered with an error."""
+        ...
+
+    def add_model(self, profile: ModelProfile) -> None: ...
+
+    def remove_model(self, model: str, now_ns: int) -> None:
+        """Answer the model's queued and in-flight requests with an error and forget where it is
+        resident (the workers drop its weights themselves)."""
+        ...

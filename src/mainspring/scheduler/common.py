@@ -13,7 +13,7 @@ class PolicyBookkeeping:
     refusal of requests no device could ever serve."""
 
     def __init__(self, profiles: Mapping[str, ModelProfile]) -> None:
-        self.profiles = profiles
+        self.profiles: dict[str, ModelProfile] = dict(profiles)  # owned: models come and go (``Membership``)
         self._responses: list[Response] = []
         self._next_action_id = 0
         self._pages: dict[tuple[str, int], int] = {}
@@ -37,10 +37,19 @@ class PolicyBookkeeping:
             pages = self._pages[key] = self.profiles[model].pages(spec.page_bytes)
         return pages
 
+    def _forget_model(self, model: str) -> None:
+        del self.profiles[model]
+        for key in [k for k in self._pages if k[0] == model]:
+            del self._pages[key]
+
     def _refuse_unservable(self, request: Request, specs: Iterable[DeviceSpec]) -> bool:
         """Answer with an error a request for an unknown model or one that fits on no device."""
         if request.model not in self.profiles:
             self._answer(request, ResponseStatus.ERROR, f"unknown model {request.model!r}")
+            return True
+        specs = list(specs)
+        if not specs:
+            self._answer(request, ResponseStatus.ERROR, "no worker is connected")
             return True
         if not any(self.pages_of(request.model, spec) <= spec.total_pages for spec in specs):
             self._answer(request, ResponseStatus.ERROR, f"model {request.model!r} does not fit on any device")

@@ -63,8 +63,6 @@ class ReactiveScheduler(PolicyBookkeeping):
     def __init__(
         self, profiles: Mapping[str, ModelProfile], devices: Sequence[DeviceSpec], config: ReactiveConfig
     ) -> None:
-        if not devices:
-            raise ValueError("a scheduler needs at least one device")
         super().__init__(profiles)
         self._config = config
         self._devices = {d.device: _Device(d, d.total_pages) for d in devices}
@@ -90,6 +88,11 @@ class ReactiveScheduler(PolicyBookkeeping):
     def on_result(self, result: ActionResult, now_ns: int) -> None:
         action = self._in_flight.pop(result.action_id)
         device = self._devices[action.device]
+        if action.model not in self.profiles:  # unloaded meanwhile; its requests were answered then
+            self._batches.pop(action.action_id, None)
+            if isinstance(action, Infer):
+                device.running = None
+            return
         if isinstance(action, Infer):
             self._infer_done(action, result, device, now_ns)
         elif isinstance(action, LoadWeights):
@@ -124,6 +127,53 @@ class ReactiveScheduler(PolicyBookkeeping):
         pending = [w for w in wakeups if w is not None]
         decisions.wakeup_ns = min(pending) if pending else None
         return decisions
+
+    # --- membership (scheduler.base.Membership) ---------------------------------
+    def add_device(self, spec: DeviceSpec) -> None:
+        if spec.device in self._devices:
+            raise ValueError(f"device {spec.device} is already known")
+        self._devices[spec.device] = _Device(spec, spec.total_pages)
+
+    def remove_device(self, device: int, now_ns: int) -> None:
+        gone = self._devices.pop(device)
+        for model in [*gone.resident, *gone.loading]:
+            self._placement.pop(model, None)
+        for action_id, action in list(self._in_flight.items()):
+            if action.device != device:
+                continue
+            del self._in_flight[action_id]
+            for request in self._batches.pop(action_id, []):
+                if self._devices:
+                    self._queues.setdefault(request.model, deque()).appendleft(request)
+                else:
+                    self._answer(request, ResponseStatus.ERROR, "no worker is connected")
+        if not self._devices:
+            for queue in self._queues.values():
+                for request in queue:
+                    self._answer(request, ResponseStatus.ERROR, "no worker is connected")
+            self._queues.clear()
+
+    def add_model(self, profile: ModelProfile) -> None:
+        if profile.model in self.profiles:
+            raise ValueError(f"model {profile.model!r} is already served")
+        self.profiles[profile.model] = profile
+
+    def remove_model(self, model: str, now_ns: int) -> None:
+        reason = f"model {model!r} was unloaded"
+        for request in self._queues.pop(model, ()):
+            self._answer(request, ResponseStatus.ERROR, reason)
+        for action_id, action in self._in_flight.items():
+            if action.model == model:
+                for request in self._batches.get(action_id, []):
+                    self._answer(request, ResponseStatus.ERROR, reason)
+                self._batches[action_id] = []
+        device_id = self._placement.pop(model, None)
+        if device_id is not None:
+            device = self._devices[device_id]
+            device.resident.pop(model, None)
+            device.loading.discard(model)
+            device.free_pages += self.pages_of(model, device.spec)
+        self._forget_model(model)
 
     # --- steps -----------------------------------------------------------------
     def _expire(self, now_ns: int, decisions: Decisions) -> None:

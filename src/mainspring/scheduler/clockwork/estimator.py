@@ -62,6 +62,13 @@ class Estimator:
         self._exec_ratio: dict[str, RollingPercentile] = {}
         self._load_ratio: dict[str, RollingPercentile] = {}
 
+    def forget(self, model: str) -> None:
+        """Drop a model's measurements (it was unloaded; a new version starts from its profile)."""
+        for key in [k for k in self._exec if k[0] == model]:
+            del self._exec[key]
+        for load_key in [k for k in self._load if k[0] == model]:
+            del self._load[load_key]
+
     def _entry(self, table: dict[_K, RollingPercentile], key: _K, profiled: int) -> RollingPercentile:
         entry = table.get(key)
         if entry is None:

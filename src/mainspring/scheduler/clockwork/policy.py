@@ -28,6 +28,7 @@ from mainspring.protocol import (
     ResponseStatus,
 )
 from mainspring.scheduler.base import Decisions
+from mainspring.scheduler.clockwork import membership
 from mainspring.scheduler.clockwork.config import ClockworkConfig
 from mainspring.scheduler.clockwork.estimator import DecayingRate, Estimator
 from mainspring.scheduler.clockwork.loads import plan_loads
@@ -66,12 +67,10 @@ class ClockworkScheduler(PolicyBookkeeping):
         config: ClockworkConfig | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        if not devices:
-            raise ValueError("a scheduler needs at least one device")
         super().__init__(profiles)
         self.config = config or ClockworkConfig()
         self.rng = rng or random.Random(0)
-        self.estimator = Estimator(profiles, self.config.estimate_window, self.config.estimate_percentile)
+        self.estimator = Estimator(self.profiles, self.config.estimate_window, self.config.estimate_percentile)
         self._rate_memory_ns = ms_to_ns(self.config.rate_memory_ms)
         self.devices = [DeviceState(spec, self._rate_memory_ns) for spec in devices]
         self._model_demand: dict[str, DecayingRate] = {}
@@ -115,6 +114,9 @@ class ClockworkScheduler(PolicyBookkeeping):
         action = flight.action
         device = self._device_by_id[action.device]
         anchor = result.timing.end_ns if result.timing is not None else now_ns
+        if action.model not in self.profiles:  # unloaded meanwhile; its requests were answered then
+            (device.exec_lane if isinstance(action, Infer) else device.load_lane).complete(action.action_id, anchor)
+            return
         if isinstance(action, Infer):
             device.exec_lane.complete(action.action_id, anchor)
             device.unpin(action.model)
@@ -137,6 +139,19 @@ class ClockworkScheduler(PolicyBookkeeping):
         decisions.responses = self._take_responses()
         decisions.wakeup_ns = self._next_wakeup(now_ns)
         return decisions
+
+    # --- membership (devices and models that come and go) ------------------------------
+    def add_device(self, spec: DeviceSpec) -> None:
+        membership.add_device(self, spec)
+
+    def remove_device(self, device: int, now_ns: int) -> None:
+        membership.remove_device(self, device, now_ns)
+
+    def add_model(self, profile: ModelProfile) -> None:
+        membership.add_model(self, profile)
+
+    def remove_model(self, model: str, now_ns: int) -> None:
+        membership.remove_model(self, model, now_ns)
 
     # --- admission and queues ------------------------------------------------------
     def _admission_bound(self, request: Request, now_ns: int) -> int:

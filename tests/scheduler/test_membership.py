@@ -1,0 +1,140 @@
+"""Devices and models that come and go (``Membership``), for every policy, fed by hand."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mainspring.protocol import Action, DeviceSpec, Infer, LoadWeights, Response, ResponseStatus
+from mainspring.scheduler.base import Membership, Scheduler
+from mainspring.scheduler.registry import make_scheduler
+from mainspring.time import NS_PER_MS
+from tests.fakes import PAGE, ok, profile, request
+
+MS = NS_PER_MS
+POLICIES = ["clockwork", "triton", "clipper"]
+
+
+def spec(device: int) -> DeviceSpec:
+    return DeviceSpec(device, "v100", 16 * PAGE, PAGE)
+
+
+class Harness:
+    """A policy with a clock in the test's hands; remembers every answer and checks there is one per request."""
+
+    def __init__(self, policy: str, devices: list[int]) -> None:
+        self.policy: Scheduler = make_scheduler(
+            policy, {"a": profile("a"), "b": profile("b")}, [spec(d) for d in devices], random.Random(0)
+        )
+        assert isinstance(self.policy, Membership)
+        self.members: Membership = self.policy
+        self.now = 0
+        self.answers: dict[int, Response] = {}
+        self.sent: list[Action] = []
+        self.wakeup: int | None = None
+
+    def step(self, to_ns: int) -> list[Action]:
+        self.now = to_ns
+        decisions = self.policy.schedule(to_ns)
+        for response in decisions.responses:
+            assert response.request_id not in self.answers, f"request {response.request_id} answered twice"
+            self.answers[response.request_id] = response
+        self.sent += decisions.actions
+        self.wakeup = decisions.wakeup_ns
+        return decisions.actions
+
+    def finish(self, action: Action, at_ns: int) -> None:
+        duration = max(1, action.expected_duration_ns)
+        self.policy.on_result(ok(action.action_id, action.device, at_ns - duration, at_ns), at_ns)
+
+    def run_until_quiet(self, until_ns: int) -> None:
+        """Complete every action the policy sends at its expected end, honouring wake-ups, until nothing is left."""
+        pending: list[tuple[int, int, Action]] = []
+        for action in self.step(self.now):
+            pending.append(
+                (max(self.now, action.earliest_ns) + max(1, action.expected_duration_ns), action.action_id, action)
+            )
+        while self.now < until_ns:
+            pending.sort(key=lambda p: p[:2])
+            wake = self.wakeup if self.wakeup is not None and self.wakeup > self.now else None
+            if pending and (wake is None or pending[0][0] <= wake):
+                end, _, action = pending.pop(0)
+                self.finish(action, end)
+                new = self.step(end)
+            elif wake is not None:
+                new = self.step(wake)
+            else:
+                return
+            for action in new:
+                start = max(self.now, action.earliest_ns)
+                pending.append((start + max(1, action.expected_duration_ns), action.action_id, action))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_requests_of_a_lost_device_are_served_by_one_that_joins(policy: str) -> None:
+    h = Harness(policy, [0])
+    for i in range(3):
+        h.policy.on_request(request(i, "a", 0, slo_ms=500), 0)
+    actions = h.step(0)
+    load = next(a for a in actions if isinstance(a, LoadWeights))
+    h.finish(load, 5 * MS)
+    infers = [a for a in h.step(5 * MS) if isinstance(a, Infer)]
+    assert infers and all(a.device == 0 for a in infers)
+    h.members.add_device(spec(1))
+    h.members.remove_device(0, 6 * MS)  # its results will never come
+    h.now = 6 * MS
+    h.run_until_quiet(400 * MS)
+    assert set(h.answers) == {0, 1, 2}
+    assert all(r.status is ResponseStatus.SUCCESS for r in h.answers.values())
+    assert any(isinstance(a, Infer) and a.device == 1 for a in h.sent)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_without_any_device_requests_get_an_error_at_once(policy: str) -> None:
+    h = Harness(policy, [0])
+    h.policy.on_request(request(1, "a", 0, slo_ms=500), 0)
+    h.step(0)
+    h.members.remove_device(0, 1 * MS)
+    h.step(1 * MS)
+    h.policy.on_request(request(2, "a", 2 * MS), 2 * MS)
+    h.step(2 * MS)
+    assert {i: r.status for i, r in h.answers.items()} == {1: ResponseStatus.ERROR, 2: ResponseStatus.ERROR}
+    assert "no worker" in h.answers[2].reason
+
+
+def test_a_lost_request_that_cannot_make_its_deadline_elsewhere_gets_an_error() -> None:
+    h = Harness("clockwork", [0, 1])
+    h.policy.on_request(request(1, "a", 0, slo_ms=10), 0)
+    load = next(a for a in h.step(0) if isinstance(a, LoadWeights))
+    h.finish(load, 5 * MS)
+    (infer,) = [a for a in h.step(5 * MS) if isinstance(a, Infer)]
+    h.members.remove_device(infer.device, 9 * MS)  # 1 ms left; the fastest batch takes 2
+    h.step(9 * MS)
+    assert h.answers[1].status is ResponseStatus.ERROR and "lost" in h.answers[1].reason
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_models_are_added_and_removed_while_serving(policy: str) -> None:
+    h = Harness(policy, [0])
+    h.policy.on_request(request(1, "c", 0), 0)
+    h.step(0)
+    assert h.answers[1].status is ResponseStatus.ERROR and "unknown model" in h.answers[1].reason
+    h.members.add_model(profile("c"))
+    h.policy.on_request(request(2, "c", 1 * MS), 1 * MS)
+    h.now = 1 * MS
+    h.run_until_quiet(100 * MS)
+    assert h.answers[2].status is ResponseStatus.SUCCESS
+    for i in (3, 4):
+        h.policy.on_request(request(i, "c", h.now, slo_ms=500), h.now)
+    in_flight = h.step(h.now)
+    h.members.remove_model("c", h.now)
+    h.step(h.now)
+    assert h.answers[3].status is h.answers[4].status is ResponseStatus.ERROR
+    assert "unloaded" in h.answers[3].reason
+    for action in in_flight:  # late results of the removed model are ignored
+        h.finish(action, h.now + 10 * MS)
+    h.policy.on_request(request(5, "a", h.now + 10 * MS), h.now + 10 * MS)
+    h.now += 10 * MS
+    h.run_until_quiet(h.now + 100 * MS)
+    assert h.answers[5].status is ResponseStatus.SUCCESS

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
+from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
 from mainspring.models.profile import ModelProfile, builtin_profiles, load_profiles, model_copies
 from mainspring.scheduler.registry import DEFAULT_POLICY, parse_policies, policy_names
 from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
@@ -61,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(commands)
     add_zoo(commands)
     add_profile(commands)
+    add_serve(commands)
+    add_worker(commands)
     return parser
 
 
@@ -156,7 +159,13 @@ def _simulate_with_progress(
         return simulate(policy, profiles, workload, config, arrivals, progress=advance)
 
 
-_COMMANDS = {"simulate": _run_simulate, "zoo": run_zoo, "profile": run_profile}
+_COMMANDS = {
+    "simulate": _run_simulate,
+    "zoo": run_zoo,
+    "profile": run_profile,
+    "serve": run_serve,
+    "worker": run_worker,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

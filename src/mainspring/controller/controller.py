@@ -8,17 +8,23 @@ emulated devices, the live server a wall clock and network links.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, cast
 
 from mainspring.protocol import Action, ActionResult, Infer, Request, Response, ResponseStatus
-from mainspring.scheduler.base import Scheduler
+from mainspring.scheduler.base import Membership, Scheduler
 from mainspring.time import Clock
 
 
 class WorkerLink(Protocol):
-    """Where the actions for one device go."""
+    """Where the actions for one device go; ``inputs`` (one entry per request) only with ``send_inputs``."""
 
     def submit(self, action: Action) -> None: ...
+
+
+class InputLink(Protocol):
+    """A link that also carries each request's inputs with an ``Infer`` (a real worker)."""
+
+    def submit(self, action: Action, inputs: list[object] | None = None) -> None: ...
 
 
 class ControllerObserver(Protocol):
@@ -48,6 +54,7 @@ class Controller:
         answer: AnswerSink,
         request_wakeup: WakeupHook | None = None,
         observer: ControllerObserver | None = None,
+        send_inputs: bool = False,
     ) -> None:
         self._scheduler = scheduler
         self._clock = clock
@@ -59,6 +66,8 @@ class Controller:
         self._outputs: dict[int, object] = {}
         self._in_flight: dict[int, Action] = {}
         self._pending_wakeup_ns: int | None = None
+        self._send_inputs = send_inputs
+        self._lost_actions: set[int] = set()  # sent to a device that is gone: a late result is ignored
 
     @property
     def outstanding(self) -> int:
@@ -79,6 +88,9 @@ class Controller:
         """A worker's result for an action this controller sent."""
         action = self._in_flight.pop(result.action_id, None)
         if action is None:
+            if result.action_id in self._lost_actions:
+                self._lost_actions.discard(result.action_id)
+                return
             raise ValueError(f"result for unknown action {result.action_id}")
         now = self._clock.now_ns()
         if self._observer is not None:
@@ -96,6 +108,19 @@ class Controller:
             self._pending_wakeup_ns = None
         self._pump(now)
 
+    def remove_device(self, device: int, membership: Membership) -> None:
+        """The device is gone: forget its in-flight actions and let the policy reschedule their requests."""
+        now = self._clock.now_ns()
+        for action_id in [a for a, action in self._in_flight.items() if action.device == device]:
+            del self._in_flight[action_id]
+            self._lost_actions.add(action_id)
+        membership.remove_device(device, now)
+        self._pump(now)
+
+    def pump(self) -> None:
+        """Run a scheduling pass now (after the policy's membership changed)."""
+        self._pump(self._clock.now_ns())
+
     def shutdown(self, reason: str) -> int:
         """Answer every outstanding request with an error; returns how many there were."""
         now = self._clock.now_ns()
@@ -110,7 +135,12 @@ class Controller:
             self._in_flight[action.action_id] = action
             if self._observer is not None:
                 self._observer.on_action(action, now)
-            self._workers[action.device].submit(action)
+            link = self._workers[action.device]
+            if self._send_inputs and isinstance(action, Infer):
+                inputs = [self._requests[r].inputs for r in action.request_ids]
+                cast("InputLink", link).submit(action, inputs)
+            else:
+                link.submit(action)
         for response in decisions.responses:
             self._respond(response, now)
         wakeup = decisions.wakeup_ns

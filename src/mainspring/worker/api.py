@@ -18,7 +18,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from mainspring.models.profile import ModelProfile
+from mainspring.models.repository import ModelConfig, ModelLoadError
 from mainspring.protocol import Action, ActionResult, DeviceSpec
+from mainspring.protocol.tensors import TensorSpec
 from mainspring.time import WallClock
 from mainspring.worker.runtimes.emulated import EmulatedDevice, NoiseModel
 
@@ -32,9 +34,19 @@ class Worker(Protocol):
     @property
     def devices(self) -> Sequence[DeviceSpec]: ...
 
+    load_errors: dict[str, str]  # models that could not be served, with the reason
+
     def profiles(self) -> Mapping[str, ModelProfile]:
         """Every served model's profile on this worker's device kind."""
         ...
+
+    def configs(self) -> Mapping[str, ModelConfig]: ...
+
+    def register(self, model: str) -> ModelProfile:
+        """Start serving a repository model; ``ModelLoadError`` with the reason if it cannot."""
+        ...
+
+    def unregister(self, model: str) -> None: ...
 
     def submit(self, action: Action, inputs: Sequence[Sample] | None = None) -> None: ...
 
@@ -79,8 +91,20 @@ class ThreadTimer:
             callback()
 
 
+def echo_config(model: str, batch_sizes: Sequence[int]) -> ModelConfig:
+    """An emulated model's config: FP32 vectors of any length in (``input``), the same out (``output``)."""
+    return ModelConfig(
+        name=model,
+        format="torch_export",
+        file="(emulated)",
+        inputs=(TensorSpec("input", "FP32", (-1, -1)),),
+        outputs=(TensorSpec("output", "FP32", (-1, -1)),),
+        batch_sizes=tuple(batch_sizes),
+    )
+
+
 class EmulatedWorker:
-    """Emulated devices (profile-driven durations, no compute) running in real time; outputs are None."""
+    """Emulated devices (profile-driven durations, no compute) in real time; each model echoes its input."""
 
     def __init__(
         self,
@@ -93,10 +117,13 @@ class EmulatedWorker:
         self._timer = ThreadTimer("emulated-worker")
         self._profiles = dict(profiles)
         self._specs = tuple(specs)
+        self._on_result = on_result
+        self._inputs: dict[int, Sequence[Sample]] = {}
         self._devices = {
-            spec.device: EmulatedDevice(spec, self._profiles, self._timer, on_result, noise, seed + spec.device)
+            spec.device: EmulatedDevice(spec, self._profiles, self._timer, self._echo, noise, seed + spec.device)
             for spec in specs
         }
+        self.load_errors: dict[str, str] = {}
 
     @property
     def devices(self) -> Sequence[DeviceSpec]:
@@ -105,7 +132,25 @@ class EmulatedWorker:
     def profiles(self) -> Mapping[str, ModelProfile]:
         return dict(self._profiles)
 
+    def configs(self) -> Mapping[str, ModelConfig]:
+        return {name: echo_config(name, p.batch_sizes) for name, p in self._profiles.items()}
+
+    def register(self, model: str) -> ModelProfile:
+        raise ModelLoadError(f"model {model!r}: an emulated worker serves a fixed set of models")
+
+    def unregister(self, model: str) -> None:
+        self._profiles.pop(model, None)
+
+    def _echo(self, result: ActionResult) -> None:
+        inputs = self._inputs.pop(result.action_id, None)
+        if inputs is not None and result.outputs is not None:
+            echoed: list[object] = [{"output": sample.get("input")} for sample in inputs]
+            result = ActionResult(result.action_id, result.device, result.status, result.timing, result.message, echoed)
+        self._on_result(result)
+
     def submit(self, action: Action, inputs: Sequence[Sample] | None = None) -> None:
+        if inputs is not None:
+            self._inputs[action.action_id] = inputs
         device = self._devices.get(action.device)
         if device is None:
             raise ValueError(

@@ -1,0 +1,74 @@
+"""``mainspring serve`` and ``mainspring worker``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+
+def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser("serve", help="run the server: KServe v2 HTTP + gRPC, controller, local workers")
+    p.add_argument("--config", type=Path, help="TOML file with serve settings (a [serve] table or top-level keys)")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--http-port", type=int, help="HTTP port (default 8000)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default 8001)")
+    p.add_argument("--worker-port", type=int, help="port workers connect to (default 8002)")
+    p.add_argument("--workers", choices=("local", "tcp"), help="start local workers (default) or wait for tcp ones")
+    p.add_argument("--repo", help="model repository (default ~/.mainspring/zoo, built on first start)")
+    p.add_argument("--policy", help="scheduling policy (default clockwork)")
+    p.add_argument("--slo-ms", type=float, help="default SLO in ms (default 100)")
+    p.add_argument("--devices", help="local devices, comma-separated (default: every CUDA GPU, else cpu)")
+    p.add_argument("--pool-mib", type=int, help="weight pool per device in MiB")
+
+
+def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser("worker", help="run a worker that connects to a controller")
+    p.add_argument("--controller", required=True, help="controller address, tcp://HOST:PORT")
+    p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
+    p.add_argument("--repo", type=Path, required=True, help="model repository")
+    p.add_argument("--pool-mib", type=int, help="weight pool in MiB (default: 2048 on cpu, half the GPU)")
+    p.add_argument("--name", help="worker name (default host:pid)")
+    p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from mainspring.serve import load_config, run_server
+
+    flags: dict[str, Any] = {
+        key: getattr(args, key)
+        for key in (
+            "host",
+            "http_port",
+            "grpc_port",
+            "worker_port",
+            "workers",
+            "repo",
+            "policy",
+            "slo_ms",
+            "devices",
+            "pool_mib",
+        )
+    }
+    return run_server(load_config(args.config, dict(os.environ), flags))
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from mainspring.models.repository import ModelRepository
+    from mainspring.worker.pages import MIB
+    from mainspring.worker.process import WorkerConnection
+    from mainspring.worker.torch_worker import TorchWorker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    repo = ModelRepository(args.repo)
+    pool = args.pool_mib * MIB if args.pool_mib else None
+    connection = WorkerConnection(
+        args.controller, lambda sink: TorchWorker(repo, sink, [args.device], pool_bytes=pool), name=args.name
+    )
+    signal.signal(signal.SIGTERM, lambda *_: connection.stop())
+    signal.signal(signal.SIGINT, lambda *_: connection.stop())
+    connection.serve(parent_pid=args.parent_pid)
+    return 0

@@ -1,0 +1,257 @@
+"""The live controller: a ``Controller`` on an asyncio loop, fed by workers and the frontend.
+
+It is the only place that reads the wall clock or does I/O for the policy. Workers join
+and leave (their devices are added to or removed from the policy), models are loaded and
+unloaded through the repository API, and every client request is a future answered
+exactly once: a result, an early rejection with the reason, or an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from mainspring.controller.controller import Controller
+from mainspring.models.profile import ModelProfile
+from mainspring.models.repository import ModelConfig
+from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response
+from mainspring.scheduler.base import Membership
+from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
+from mainspring.telemetry.metrics import ServingMetrics
+from mainspring.time import NS_PER_S, WallClock
+from mainspring.transport.links import WorkerHandle
+from mainspring.transport.messages import ModelInfo, ModelReply
+
+log = logging.getLogger(__name__)
+
+Sample = Mapping[str, np.ndarray[Any, Any]]
+Answer = tuple[Response, Any]
+
+
+class ServiceError(Exception):
+    """A request the service cannot take; ``kind`` is ``unavailable``, ``not_found`` or ``invalid``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class ServedModel:
+    config: ModelConfig
+    profile: ModelProfile
+    version: int = 1
+
+
+@dataclass
+class _ModelOp:
+    model: str
+    op: str
+    waiting: set[int]  # id() of the handles that have not replied
+    replies: list[ModelReply] = field(default_factory=list)
+    done: asyncio.Future[list[ModelReply]] | None = None
+
+
+class _DeviceLink:
+    """The controller's link for one global device id: the worker and its own id for the device."""
+
+    def __init__(self, handle: WorkerHandle, local_device: int) -> None:
+        self.handle = handle
+        self.local_device = local_device
+
+    def submit(self, action: Action, inputs: list[object] | None = None) -> None:
+        self.handle.send_action(msgspec.structs.replace(action, device=self.local_device), inputs)
+
+
+class ControllerService:
+    def __init__(self, policy: str = DEFAULT_POLICY, default_slo_ms: float = 100.0, seed: int = 0) -> None:
+        self.clock = WallClock()
+        self.policy_name = policy
+        self.default_slo_ns = round(default_slo_ms * 1e6)
+        scheduler = make_scheduler(policy, {}, [], random.Random(seed))
+        if not isinstance(scheduler, Membership):
+            raise ValueError(f"policy {policy!r} cannot serve live: devices and models must be able to come and go")
+        self._membership: Membership = scheduler
+        self.metrics = ServingMetrics()
+        self._links: dict[int, _DeviceLink] = {}
+        self.controller = Controller(
+            scheduler, self.clock, self._links, self._answer, self._request_wakeup, self.metrics, send_inputs=True
+        )
+        self.models: dict[str, ServedModel] = {}
+        self.load_errors: dict[str, str] = {}
+        self._handles: dict[int, WorkerHandle] = {}
+        self._devices_of: dict[int, list[int]] = {}  # id(handle) -> global device ids
+        self._global_id: dict[tuple[int, int], int] = {}  # (id(handle), local device) -> global id
+        self._device_ids = itertools.count()
+        self._request_ids = itertools.count(1)
+        self._op_ids = itertools.count(1)
+        self._futures: dict[int, asyncio.Future[Answer]] = {}
+        self._ops: dict[int, _ModelOp] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.accepting = True
+        self.worker_joined = asyncio.Event()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    @property
+    def workers(self) -> list[WorkerHandle]:
+        return list(self._handles.values())
+
+    @property
+    def device_count(self) -> int:
+        return len(self._links)
+
+    # --- clients ------------------------------------------------------------------------------
+    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
+        """Submit one request per sample (all with the same deadline) and wait for every answer."""
+        if not self.accepting:
+            raise ServiceError("unavailable", "the server is shutting down")
+        if model not in self.models:
+            raise ServiceError("not_found", f"unknown model {model!r}")
+        slo = slo_ns if slo_ns is not None else self.default_slo_ns
+        now = self.clock.now_ns()
+        futures = []
+        for sample in samples:
+            request = Request(next(self._request_ids), model, now, now + slo, slo, sample)
+            future: asyncio.Future[Answer] = self.loop.create_future()
+            self._futures[request.id] = future
+            futures.append(future)
+            self.controller.submit(request)
+        return list(await asyncio.gather(*futures))
+
+    def _answer(self, request: Request, response: Response, output: object) -> None:
+        future = self._futures.pop(request.id, None)
+        if future is not None and not future.done():
+            future.set_result((response, output))
+
+    def _request_wakeup(self, at_ns: int) -> None:
+        self.loop.call_at(at_ns / NS_PER_S, self.controller.wake)
+
+    # --- workers (WorkerEvents) -------------------------------------------------------------
+    def on_join(
+        self, handle: WorkerHandle, devices: list[DeviceSpec], models: list[ModelInfo], errors: dict[str, str]
+    ) -> None:
+        key = id(handle)
+        self._handles[key] = handle
+        for info in models:
+            if info.config.name not in self.models:
+                profile = ModelProfile.from_json(info.profile, f"worker {handle.name} model {info.config.name}")
+                self._membership.add_model(profile)
+                self.models[info.config.name] = ServedModel(info.config, profile)
+        self.load_errors.update(errors)
+        for spec in devices:
+            global_id = next(self._device_ids)
+            self._links[global_id] = _DeviceLink(handle, spec.device)
+            self._global_id[key, spec.device] = global_id
+            self._devices_of.setdefault(key, []).append(global_id)
+            self._membership.add_device(DeviceSpec(global_id, spec.kind, spec.pool_bytes, spec.page_bytes))
+        self._update_gauges()
+        log.info("worker %s joined: %d device(s), models %s", handle.name, len(devices), sorted(self.models))
+        self.worker_joined.set()
+        self.controller.pump()
+
+    def on_result(self, handle: WorkerHandle, result: ActionResult) -> None:
+        global_id = self._global_id.get((id(handle), result.device))
+        if global_id is None:
+            return  # from a device already declared lost
+        self.controller.deliver(
+            ActionResult(result.action_id, global_id, result.status, result.timing, result.message, result.outputs)
+        )
+
+    def on_lost(self, handle: WorkerHandle) -> None:
+        key = id(handle)
+        self._handles.pop(key, None)
+        for global_id in self._devices_of.pop(key, []):
+            del self._links[global_id]
+            self._global_id = {k: v for k, v in self._global_id.items() if v != global_id}
+            self.controller.remove_device(global_id, self._membership)
+        for op in list(self._ops.values()):
+            op.waiting.discard(key)
+            self._maybe_finish(op)
+        self._update_gauges()
+        log.warning("worker %s lost; %d device(s) left", handle.name, len(self._links))
+
+    def on_model_reply(self, handle: WorkerHandle, reply: ModelReply) -> None:
+        op = self._ops.get(reply.op_id)
+        if op is not None:
+            op.waiting.discard(id(handle))
+            op.replies.append(reply)
+            self._maybe_finish(op)
+
+    def _maybe_finish(self, op: _ModelOp) -> None:
+        if not op.waiting and op.done is not None and not op.done.done():
+            op.done.set_result(op.replies)
+
+    def _update_gauges(self) -> None:
+        self.metrics.workers.set(len(self._handles))
+        self.metrics.devices.set(len(self._links))
+        self.metrics.models.set(len(self.models))
+
+    # --- repository ---------------------------------------------------------------------------
+    async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
+        if model in self.models:
+            return
+        if not self._handles:
+            raise ServiceError("unavailable", "no worker is connected")
+        replies = await self._model_op("load", model, timeout_s)
+        failed = [r for r in replies if r.error]
+        if failed or not replies:
+            if len(failed) < len(replies):
+                await self._model_op("unload", model, timeout_s)  # keep the workers consistent
+            raise ServiceError("invalid", failed[0].error if failed else f"no worker answered for {model!r}")
+        info = replies[0].info
+        assert info is not None
+        profile = ModelProfile.from_json(info.profile, f"model {model}")
+        self._membership.add_model(profile)
+        self.models[model] = ServedModel(info.config, profile)
+        self.load_errors.pop(model, None)
+        self._update_gauges()
+
+    async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
+        if model not in self.models:
+            raise ServiceError("not_found", f"model {model!r} is not loaded")
+        del self.models[model]
+        self._membership.remove_model(model, self.clock.now_ns())
+        self.controller.pump()  # hand out the answers of its queued requests
+        self._update_gauges()
+        await self._model_op("unload", model, timeout_s)
+
+    async def _model_op(self, op: str, model: str, timeout_s: float) -> list[ModelReply]:
+        op_id = next(self._op_ids)
+        pending = _ModelOp(model, op, set(self._handles), done=self.loop.create_future())
+        self._ops[op_id] = pending
+        for handle in list(self._handles.values()):
+            handle.model_op(op_id, op, model)
+        try:
+            assert pending.done is not None
+            return await asyncio.wait_for(pending.done, timeout_s)
+        except TimeoutError:
+            raise ServiceError(
+                "unavailable", f"{op} of {model!r}: workers did not answer in {timeout_s:.0f} s"
+            ) from None
+        finally:
+            del self._ops[op_id]
+
+    # --- shutdown -----------------------------------------------------------------------------
+    async def drain(self, timeout_s: float) -> int:
+        """Stop accepting; wait up to ``timeout_s`` for outstanding requests, then answer the rest with an error."""
+        self.accepting = False
+        deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
+        while self.controller.outstanding and self.clock.now_ns() < deadline:
+            await asyncio.sleep(0.01)
+        left = self.controller.shutdown("the server is shutting down")
+        for handle in list(self._handles.values()):
+            handle.close("controller shutting down")
+        return left

@@ -1,0 +1,270 @@
+"""The data plane shared by the HTTP and gRPC frontends (as MLServer's).
+
+It validates requests against each model's config, turns a request of N samples into N
+scheduler requests with one deadline, and maps every answer to outputs or to one error
+type with an HTTP status (``InferenceError``); each transport maps that status once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import numpy as np
+
+import mainspring
+from mainspring.controller.service import ControllerService, ServedModel, ServiceError
+from mainspring.models.repository import ModelLoadError, ModelRepository
+from mainspring.protocol import ResponseStatus
+from mainspring.protocol.tensors import DATATYPES
+from mainspring.time import NS_PER_MS, NS_PER_US
+
+EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "parameters"]
+
+
+class InferenceError(Exception):
+    """A request that gets no result: an HTTP status and a message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+_SERVICE_STATUS = {"not_found": 404, "invalid": 400, "unavailable": 503}
+
+
+@dataclass
+class Tensor:
+    """A named tensor in the protocol's terms; ``data`` has ``shape``."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: np.ndarray[Any, Any]
+
+
+class DataPlane:
+    def __init__(self, service: ControllerService, repo: ModelRepository | None = None, name: str = "mainspring"):
+        self.service = service
+        self.repo = repo
+        self.name = name
+
+    # --- health and metadata -----------------------------------------------------------------
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.service.accepting and self.service.device_count > 0
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "version": mainspring.__version__, "extensions": EXTENSIONS}
+
+    def model(self, name: str, version: str | None = None) -> ServedModel:
+        served = self.service.models.get(name)
+        if served is None:
+            raise InferenceError(404, f"unknown model {name!r}")
+        if version not in (None, "", str(served.version)):
+            raise InferenceError(404, f"model {name!r} has no version {version!r} (serving version {served.version})")
+        return served
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        try:
+            self.model(name, version)
+        except InferenceError:
+            return False
+        return self.ready()
+
+    def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        served = self.model(name, version)
+        config = served.config
+
+        def specs(tensors: Sequence[Any]) -> list[dict[str, Any]]:
+            return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in tensors]
+
+        return {
+            "name": name,
+            "versions": [str(served.version)],
+            "platform": f"pytorch_{config.format}",
+            "inputs": specs(config.inputs),
+            "outputs": specs(config.outputs),
+        }
+
+    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        served = self.model(name, version)
+        config: dict[str, Any] = msgspec.to_builtins(served.config)
+        config["max_batch_size"] = served.config.max_batch
+        config["default_slo_ms"] = served.config.slo_ms or self.service.default_slo_ns / NS_PER_MS
+        config["profile"] = served.profile.to_json()
+        return config
+
+    def model_stats(self, name: str | None = None) -> dict[str, Any]:
+        names = [name] if name else sorted(self.service.models)
+        stats = []
+        for model in names:
+            served = self.model(model)
+            s = self.service.metrics.stats(model)
+            stats.append({
+                "name": model,
+                "version": str(served.version),
+                "last_inference": s.last_inference_ns // NS_PER_MS,
+                "inference_count": s.inference_count,
+                "execution_count": s.execution_count,
+                "inference_stats": {
+                    "success": {"count": s.success_count, "ns": s.success_ns},
+                    "fail": {"count": s.fail_count, "ns": s.fail_ns},
+                    "rejected": {"count": s.rejected_count},
+                },
+            })  # fmt: skip
+        return {"model_stats": stats}
+
+    # --- repository ----------------------------------------------------------------------------
+    def repository_index(self) -> list[dict[str, str]]:
+        entries = {name: {"name": name, "version": str(m.version), "state": "READY", "reason": ""}
+                   for name, m in self.service.models.items()}  # fmt: skip
+        if self.repo is not None:
+            for name in self.repo.models():
+                if name not in entries:
+                    reason = self.service.load_errors.get(name, "")
+                    version = str(self.repo.latest_version(name))
+                    entries[name] = {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
+        return [entries[n] for n in sorted(entries)]
+
+    async def load(self, name: str) -> None:
+        if self.repo is not None and name not in self.repo.models() and name not in self.service.models:
+            raise InferenceError(404, f"model {name!r} is not in the repository")
+        try:
+            await self.service.load_model(name)
+        except ServiceError as error:
+            raise InferenceError(_SERVICE_STATUS[error.kind], str(error)) from None
+        except ModelLoadError as error:
+            raise InferenceError(400, str(error)) from None
+
+    async def unload(self, name: str) -> None:
+        try:
+            await self.service.unload_model(name)
+        except ServiceError as error:
+            raise InferenceError(_SERVICE_STATUS[error.kind], str(error)) from None
+
+    # --- inference -----------------------------------------------------------------------------
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        inputs: Sequence[Tensor],
+        requested: Sequence[str] | None,
+        parameters: Mapping[str, Any],
+    ) -> tuple[ServedModel, list[Tensor]]:
+        served = self.model(name, version)
+        batch = self._check_inputs(served, inputs)
+        wanted = self._check_outputs(served, requested)
+        slo_ns = self._slo_ns(served, parameters)
+        by_name = {t.name: t.data for t in inputs}
+        samples = [{name: array[i : i + 1] for name, array in by_name.items()} for i in range(batch)]
+        try:
+            answers = await self.service.infer(name, samples, slo_ns)
+        except ServiceError as error:
+            raise InferenceError(_SERVICE_STATUS[error.kind], str(error)) from None
+        for response, _ in answers:
+            if response.status is not ResponseStatus.SUCCESS:
+                raise InferenceError(_status_of(response.status, response.reason), response.reason or "failed")
+        outputs = []
+        for spec in served.config.outputs:
+            if spec.name in wanted:
+                data = np.concatenate([output[spec.name] for _, output in answers])
+                outputs.append(Tensor(spec.name, spec.datatype, list(data.shape), data))
+        return served, outputs
+
+    @staticmethod
+    def _check_inputs(served: ServedModel, inputs: Sequence[Tensor]) -> int:
+        specs = {s.name: s for s in served.config.inputs}
+        given = [t.name for t in inputs]
+        for name in given:
+            if name not in specs:
+                raise InferenceError(
+                    400, f"unexpected input {name!r}; model {served.config.name!r} takes {list(specs)}"
+                )
+            if given.count(name) > 1:
+                raise InferenceError(400, f"input {name!r} is given twice")
+        for name in specs:
+            if name not in given:
+                raise InferenceError(400, f"input {name!r} is missing")
+        batches = set()
+        for tensor in inputs:
+            spec = specs[tensor.name]
+            if tensor.datatype != spec.datatype:
+                raise InferenceError(
+                    400, f"input {tensor.name!r}: datatype {tensor.datatype} does not match {spec.datatype}"
+                )
+            pattern = spec.shape
+            if len(tensor.shape) != len(pattern) or any(
+                p not in (-1, s) for p, s in zip(pattern, tensor.shape, strict=True)
+            ):
+                raise InferenceError(400, f"input {tensor.name!r}: shape {tensor.shape} does not match {list(pattern)}")
+            if tensor.shape[0] < 1:
+                raise InferenceError(400, f"input {tensor.name!r}: the batch dimension must be at least 1")
+            batches.add(tensor.shape[0])
+        if len(batches) > 1:
+            raise InferenceError(400, f"inputs disagree on the batch dimension: {sorted(batches)}")
+        return batches.pop()
+
+    @staticmethod
+    def _check_outputs(served: ServedModel, requested: Sequence[str] | None) -> set[str]:
+        names = {s.name for s in served.config.outputs}
+        if not requested:
+            return names
+        for name in requested:
+            if name not in names:
+                raise InferenceError(400, f"unknown output {name!r}; model {served.config.name!r} has {sorted(names)}")
+        return set(requested)
+
+    def _slo_ns(self, served: ServedModel, parameters: Mapping[str, Any]) -> int:
+        for key, unit in (("slo_ms", NS_PER_MS), ("timeout", NS_PER_US)):
+            if key in parameters:
+                value = parameters[key]
+                if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or math.isinf(value):
+                    raise InferenceError(400, f"parameter {key!r} must be a positive number, got {value!r}")
+                return round(value * unit)
+        if served.config.slo_ms is not None:
+            return round(served.config.slo_ms * NS_PER_MS)
+        return self.service.default_slo_ns
+
+
+def _status_of(status: ResponseStatus, reason: str) -> int:
+    if status is ResponseStatus.REJECTED:
+        if reason.startswith("overloaded"):
+            return 429
+        if "no longer" in reason:
+            return 504  # waited in the queue until the deadline could not be met
+        return 503  # refused on arrival: the deadline cannot be met
+    if status is ResponseStatus.TIMED_OUT:
+        return 504
+    return 503 if "no worker" in reason or "shutting down" in reason else 500
+
+
+def decode_tensor(name: str, datatype: str, shape: Any, data: Any, raw: bytes | None) -> Tensor:
+    """Build a tensor from JSON data (flat or nested) or raw bytes; ``InferenceError`` 400 names what is wrong."""
+    dtype = DATATYPES.get(datatype)
+    if dtype is None:
+        raise InferenceError(400, f"input {name!r}: unsupported datatype {datatype!r}")
+    if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                      for d in shape):  # fmt: skip
+        raise InferenceError(400, f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}")
+    count = math.prod(shape)
+    if raw is not None:
+        if len(raw) != count * dtype.itemsize:
+            raise InferenceError(400, f"input {name!r}: {len(raw)} bytes of data, shape {list(shape)} of {datatype} "
+                                      f"needs {count * dtype.itemsize}")  # fmt: skip
+        array = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    else:
+        try:
+            array = np.asarray(data, dtype=dtype)
+        except (TypeError, ValueError, OverflowError):
+            raise InferenceError(400, f"input {name!r}: data is not a list of {datatype} values") from None
+        if array.size != count:
+            raise InferenceError(400, f"input {name!r}: {array.size} values, shape {list(shape)} needs {count}")
+        array = array.reshape(shape)
+    return Tensor(name, datatype, list(shape), array)

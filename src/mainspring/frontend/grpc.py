@@ -1,0 +1,189 @@
+"""KServe v2 over gRPC: ``inference.GRPCInferenceService``, translation only.
+
+The service definition is the protocol's published one as Triton ships it (a superset
+of KServe's ``grpc_predict_v2.proto`` with the repository and statistics extensions);
+we use the generated stubs inside ``tritonclient`` rather than generating our own, so
+the server and the clients people already run share one definition. Errors map the
+data plane's status to gRPC codes once, here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
+
+log = logging.getLogger(__name__)
+
+_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+_CONTENTS = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+}  # fmt: skip
+
+_R = TypeVar("_R")
+
+
+async def _guard(context: grpc.aio.ServicerContext[Any, Any], work: Callable[[], Awaitable[_R]]) -> _R:
+    try:
+        return await work()
+    except InferenceError as error:
+        await context.abort(_CODES.get(error.status, grpc.StatusCode.UNKNOWN), error.message)
+    except Exception as error:
+        log.exception("internal error in a gRPC call")
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")
+    raise AssertionError("abort returned")  # pragma: no cover
+
+
+def _parameter(value: Any) -> Any:
+    kind = value.WhichOneof("parameter_choice")
+    return getattr(value, kind) if kind else None
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 - the protocol's names
+        return pb.ServerLiveResponse(live=self.plane.live())
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.ServerReadyResponse(ready=self.plane.ready())
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version or None))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        meta = self.plane.server_metadata()
+        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"], extensions=meta["extensions"])
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            meta = self.plane.model_metadata(request.name, request.version or None)
+            tensors = [
+                [pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta[key]] for key in ("inputs", "outputs")
+            ]
+            return pb.ModelMetadataResponse(
+                name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+                inputs=tensors[0], outputs=tensors[1],
+            )  # fmt: skip
+
+        return await _guard(context, work)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            config = self.plane.model_config(request.name, request.version or None)
+
+            def dims(t: dict[str, Any]) -> dict[str, Any]:
+                return {"name": t["name"], "data_type": mc.DataType.Value(f"TYPE_{t['datatype']}"),
+                        "dims": t["shape"][1:]}  # fmt: skip
+
+            return pb.ModelConfigResponse(config=mc.ModelConfig(
+                name=config["name"], platform=f"pytorch_{config['format']}", max_batch_size=config["max_batch_size"],
+                input=[mc.ModelInput(**dims(t)) for t in config["inputs"]],
+                output=[mc.ModelOutput(**dims(t)) for t in config["outputs"]],
+            ))  # fmt: skip
+
+        return await _guard(context, work)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            stats = self.plane.model_stats(request.name or None)["model_stats"]
+            return pb.ModelStatisticsResponse(model_stats=[
+                pb.ModelStatistics(
+                    name=s["name"], version=s["version"], last_inference=s["last_inference"],
+                    inference_count=s["inference_count"], execution_count=s["execution_count"],
+                    inference_stats=pb.InferStatistics(
+                        success=pb.StatisticDuration(**s["inference_stats"]["success"]),
+                        fail=pb.StatisticDuration(**s["inference_stats"]["fail"]),
+                    ),
+                )
+                for s in stats
+            ])  # fmt: skip
+
+        return await _guard(context, work)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
+        entries = self.plane.repository_index()
+        if request.ready:
+            entries = [e for e in entries if e["state"] == "READY"]
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            await self.plane.load(request.model_name)
+            return pb.RepositoryModelLoadResponse()
+
+        return await _guard(context, work)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            await self.plane.unload(request.model_name)
+            return pb.RepositoryModelUnloadResponse()
+
+        return await _guard(context, work)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            parameters = {key: _parameter(value) for key, value in request.parameters.items()}
+            inputs = _inputs(request)
+            requested = [o.name for o in request.outputs] or None
+            served, outputs = await self.plane.infer(
+                request.model_name, request.model_version or None, inputs, requested, parameters
+            )
+            reply = pb.ModelInferResponse(
+                model_name=request.model_name, model_version=str(served.version), id=request.id
+            )
+            for tensor in outputs:
+                reply.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+                reply.raw_output_contents.append(tensor.data.tobytes())
+            return reply
+
+        return await _guard(context, work)
+
+
+def _inputs(request: Any) -> list[Tensor]:
+    raw_contents = list(request.raw_input_contents)
+    if raw_contents and len(raw_contents) != len(request.inputs):
+        raise InferenceError(400, f"{len(raw_contents)} raw_input_contents for {len(request.inputs)} inputs")
+    tensors = []
+    for index, entry in enumerate(request.inputs):
+        shape = list(entry.shape)
+        if raw_contents:
+            tensors.append(decode_tensor(entry.name, entry.datatype, shape, None, raw_contents[index]))
+            continue
+        field = _CONTENTS.get(entry.datatype)
+        if field is None:
+            raise InferenceError(400, f"input {entry.name!r}: datatype {entry.datatype} needs raw_input_contents")
+        values = np.asarray(getattr(entry.contents, field))
+        tensors.append(decode_tensor(entry.name, entry.datatype, shape, values, None))
+    return tensors
+
+
+async def start_grpc(plane: DataPlane, address: str) -> grpc.aio.Server:
+    """Serve on ``address`` (``host:port``); returns the started server."""
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+        ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ])  # fmt: skip
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen for gRPC on {address}")
+    await server.start()
+    return server

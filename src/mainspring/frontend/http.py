@@ -1,0 +1,230 @@
+"""KServe v2 over HTTP (aiohttp): translation only; the data plane decides.
+
+JSON tensors and the binary tensor extension (``Inference-Header-Content-Length``: the
+JSON header, then the raw tensors in order). Errors are ``{"error": "..."}`` with the
+data plane's status; nothing a client sends can take the server down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
+from mainspring.frontend.openapi import openapi_document
+
+log = logging.getLogger(__name__)
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_BODY_BYTES = 256 * 1024 * 1024
+PLANE = web.AppKey("plane", DataPlane)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except InferenceError as error:
+        return web.json_response({"error": error.message}, status=error.status)
+    except web.HTTPException as error:  # unknown path, wrong method, body too large
+        if error.status < 400:
+            raise
+        return web.json_response({"error": error.reason}, status=error.status)
+    except Exception as error:  # a bug must answer 500, not drop the connection
+        log.exception("internal error on %s %s", request.method, request.path)
+        return web.json_response({"error": f"internal error: {type(error).__name__}: {error}"}, status=500)
+
+
+def _plane(request: web.Request) -> DataPlane:
+    return request.app[PLANE]
+
+
+def _version(request: web.Request) -> str | None:
+    return request.match_info.get("version")
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.Response(status=200 if _plane(request).live() else 503)
+
+
+async def ready(request: web.Request) -> web.Response:
+    return web.Response(status=200 if _plane(request).ready() else 503)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response(_plane(request).server_metadata())
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    return web.json_response(_plane(request).model_metadata(request.match_info["model"], _version(request)))
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    ok = _plane(request).model_ready(request.match_info["model"], _version(request))
+    return web.Response(status=200 if ok else 400)
+
+
+async def model_config(request: web.Request) -> web.Response:
+    return web.json_response(_plane(request).model_config(request.match_info["model"], _version(request)))
+
+
+async def model_stats(request: web.Request) -> web.Response:
+    return web.json_response(_plane(request).model_stats(request.match_info.get("model")))
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    return web.json_response(_plane(request).repository_index())
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    await _plane(request).load(request.match_info["model"])
+    return web.json_response({})
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    await _plane(request).unload(request.match_info["model"])
+    return web.json_response({})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    plane = _plane(request)
+    body = plane.service.metrics.exposition(plane.service.clock.now_ns())
+    return web.Response(body=body, content_type="text/plain", charset="utf-8", headers={"X-Version": "0.0.4"})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())
+
+
+async def infer(request: web.Request) -> web.Response:
+    body = await request.read()
+    header, binary = _split_body(request, body)
+    try:
+        document = json.loads(header)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InferenceError(400, f"request body is not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise InferenceError(400, "request body must be a JSON object")
+    parameters = _dict(document.get("parameters", {}), "parameters")
+    inputs = _inputs(document.get("inputs"), binary)
+    requested = _requested_outputs(document.get("outputs"))
+    model = request.match_info["model"]
+    served, outputs = await _plane(request).infer(model, _version(request), inputs, list(requested) or None, parameters)
+    binary_all = bool(parameters.get("binary_data_output", False))
+    reply: dict[str, Any] = {"model_name": model, "model_version": str(served.version), "outputs": []}
+    if "id" in document:
+        reply["id"] = document["id"]
+    chunks: list[bytes] = []
+    for tensor in outputs:
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        if requested.get(tensor.name, binary_all):
+            raw = tensor.data.tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = tensor.data.ravel().tolist()
+        reply["outputs"].append(entry)
+    text = json.dumps(reply).encode()
+    if not chunks:
+        return web.Response(body=text, content_type="application/json")
+    headers = {HEADER_LENGTH: str(len(text))}
+    return web.Response(body=b"".join([text, *chunks]), content_type="application/octet-stream", headers=headers)
+
+
+def _split_body(request: web.Request, body: bytes) -> tuple[bytes, bytes]:
+    length = request.headers.get(HEADER_LENGTH)
+    if length is None:
+        return body, b""
+    try:
+        size = int(length)
+    except ValueError:
+        raise InferenceError(400, f"{HEADER_LENGTH} must be an integer, got {length!r}") from None
+    if not 0 <= size <= len(body):
+        raise InferenceError(400, f"{HEADER_LENGTH} {size} exceeds the body of {len(body)} bytes")
+    return body[:size], body[size:]
+
+
+def _dict(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InferenceError(400, f"{field} must be a JSON object")
+    return value
+
+
+def _inputs(value: Any, binary: bytes) -> list[Tensor]:
+    if not isinstance(value, list) or not value:
+        raise InferenceError(400, "inputs must be a non-empty list")
+    tensors, offset = [], 0
+    for index, entry in enumerate(value):
+        entry = _dict(entry, f"inputs[{index}]")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise InferenceError(400, f"inputs[{index}].name must be a non-empty string")
+        datatype = entry.get("datatype")
+        if not isinstance(datatype, str):
+            raise InferenceError(400, f"input {name!r}: datatype must be a string")
+        parameters = _dict(entry.get("parameters", {}), f"input {name!r} parameters")
+        size = parameters.get("binary_data_size")
+        raw = None
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise InferenceError(400, f"input {name!r}: binary_data_size {size!r} does not fit the binary data")
+            raw, offset = binary[offset : offset + size], offset + size
+        elif "data" not in entry:
+            raise InferenceError(400, f"input {name!r}: neither data nor binary_data_size is given")
+        tensors.append(decode_tensor(name, datatype, entry.get("shape"), entry.get("data"), raw))
+    if offset != len(binary):
+        raise InferenceError(400, f"{len(binary) - offset} bytes of binary data belong to no input")
+    return tensors
+
+
+def _requested_outputs(value: Any) -> dict[str, bool]:
+    """Requested output names, each with whether it is wanted as binary data."""
+    if value is None:
+        return {}
+    if not isinstance(value, list):
+        raise InferenceError(400, "outputs must be a list")
+    requested = {}
+    for index, entry in enumerate(value):
+        entry = _dict(entry, f"outputs[{index}]")
+        name = entry.get("name")
+        if not isinstance(name, str):
+            raise InferenceError(400, f"outputs[{index}].name must be a string")
+        parameters = _dict(entry.get("parameters", {}), f"output {name!r} parameters")
+        requested[name] = bool(parameters.get("binary_data", False))
+    return requested
+
+
+def make_app(plane: DataPlane) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+    app[PLANE] = plane
+    get, post = web.get, web.post
+    model = "/v2/models/{model}"
+    versioned = "/v2/models/{model}/versions/{version}"
+    app.add_routes([
+        get("/v2/health/live", live),
+        get("/v2/health/ready", ready),
+        get("/v2", server_metadata),
+        get("/v2/openapi.json", openapi),
+        get("/metrics", metrics),
+        get("/v2/models/stats", model_stats),
+        get(model, model_metadata),
+        get(versioned, model_metadata),
+        get(f"{model}/ready", model_ready),
+        get(f"{versioned}/ready", model_ready),
+        get(f"{model}/config", model_config),
+        get(f"{versioned}/config", model_config),
+        get(f"{model}/stats", model_stats),
+        get(f"{versioned}/stats", model_stats),
+        post(f"{model}/infer", infer),
+        post(f"{versioned}/infer", infer),
+        post("/v2/repository/index", repository_index),
+        post("/v2/repository/models/{model}/load", repository_load),
+        post("/v2/repository/models/{model}/unload", repository_unload),
+    ])  # fmt: skip
+    return app

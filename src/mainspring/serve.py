@@ -1,0 +1,225 @@
+"""``mainspring serve``: controller, frontend (HTTP + gRPC) and local workers in one command.
+
+The controller and the frontend share one asyncio loop in this process; each local device
+gets a worker process (every CUDA GPU, else one CPU device) that connects back over
+ZeroMQ, exactly as a remote worker would. ``workers = "tcp"`` starts none and waits for
+external ``mainspring worker`` processes. SIGINT/SIGTERM: stop accepting, answer what is
+outstanding (up to ``drain_s``), say bye to the workers, wait for the local ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from mainspring.controller.service import ControllerService
+from mainspring.frontend.dataplane import DataPlane
+from mainspring.frontend.http import make_app
+from mainspring.models.repository import ModelRepository
+from mainspring.scheduler.registry import DEFAULT_POLICY, policy_names
+from mainspring.transport.zmq_hub import WorkerHub
+
+log = logging.getLogger("mainspring.serve")
+
+ENV_PREFIX = "MAINSPRING_"
+DEFAULT_ZOO = ("resnet18", "mobilenetv2", "bert_tiny", "mlp")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Every setting of ``mainspring serve``; from defaults, a TOML file, ``MAINSPRING_*`` variables, then flags."""
+
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    worker_port: int = 8002
+    workers: str = "local"  # or "tcp": wait for external workers
+    repo: str = ""  # default: ~/.mainspring/zoo, created with the built-in zoo on first start
+    policy: str = DEFAULT_POLICY
+    slo_ms: float = 100.0
+    devices: str = ""  # comma-separated; default every CUDA GPU, else "cpu"
+    pool_mib: int = 0  # per device; 0 = the runtime's default
+    heartbeat_s: float = 0.1
+    worker_timeout_s: float = 2.0
+    drain_s: float = 5.0
+    join_timeout_s: float = 180.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        for port in ("http_port", "grpc_port", "worker_port"):
+            if not 0 <= getattr(self, port) <= 65535:
+                problems.append(f"{port}={getattr(self, port)} is not a port")
+        if self.workers not in ("local", "tcp"):
+            problems.append(f"workers={self.workers!r} must be 'local' or 'tcp'")
+        if self.policy not in policy_names():
+            problems.append(f"policy={self.policy!r} is not one of {', '.join(policy_names())}")
+        for positive in ("slo_ms", "heartbeat_s", "worker_timeout_s", "join_timeout_s"):
+            if not getattr(self, positive) > 0:
+                problems.append(f"{positive}={getattr(self, positive)} must be positive")
+        if problems:
+            raise ValueError("bad serve configuration: " + "; ".join(problems))
+
+    @property
+    def repo_path(self) -> Path:
+        return Path(self.repo).expanduser() if self.repo else Path.home() / ".mainspring" / "zoo"
+
+    def device_list(self) -> list[str]:
+        if self.devices:
+            return [d.strip() for d in self.devices.split(",") if d.strip()]
+        import torch
+
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())] or ["cpu"]
+
+
+def load_config(file: Path | None, environ: dict[str, str], flags: dict[str, Any]) -> ServeConfig:
+    """Merge the sources; each value is converted to the field's type, with an error naming the source."""
+    values: dict[str, Any] = {}
+    known = {f.name: f for f in fields(ServeConfig)}
+    if file is not None:
+        try:
+            document = tomllib.loads(file.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise ValueError(f"cannot read config file {file}: {error}") from None
+        section = document.get("serve", document)
+        for key, value in section.items():
+            values[_field(key, known, f"config file {file}")] = value
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX) and key != f"{ENV_PREFIX}HOME":
+            values[_field(key[len(ENV_PREFIX) :].lower(), known, f"environment variable {key}")] = value
+    values.update({k: v for k, v in flags.items() if v is not None})
+    converted = {}
+    for key, value in values.items():
+        kind = type(getattr(ServeConfig(), key))
+        try:
+            converted[key] = kind(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"setting {key}={value!r} is not a {kind.__name__}") from None
+    return replace(ServeConfig(), **converted)
+
+
+def _field(key: str, known: dict[str, Any], where: str) -> str:
+    name = key.replace("-", "_")
+    if name not in known:
+        raise ValueError(f"{where}: unknown setting {key!r}; known: {', '.join(known)}")
+    return name
+
+
+def ensure_repository(config: ServeConfig) -> ModelRepository:
+    """The configured repository; the built-in zoo is written there on first start."""
+    path = config.repo_path
+    if not path.exists() and not config.repo:
+        from mainspring.models.loading import export_zoo_model
+
+        log.info("first start: writing the built-in zoo into %s", path)
+        path.mkdir(parents=True)
+        repo = ModelRepository(path)
+        for name in DEFAULT_ZOO:
+            export_zoo_model(repo, name)
+        return repo
+    return ModelRepository(path)
+
+
+class Server:
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.service = ControllerService(config.policy, config.slo_ms)
+        self.repo: ModelRepository | None = None
+        self.hub = WorkerHub(
+            f"tcp://{config.host}:{config.worker_port}", self.service, config.heartbeat_s, config.worker_timeout_s
+        )
+        self._runner: web.AppRunner | None = None
+        self._grpc: Any = None
+        self._processes: list[subprocess.Popen[bytes]] = []
+        self._stop = asyncio.Event()
+
+    async def start(self) -> None:
+        config = self.config
+        self.repo = await asyncio.to_thread(ensure_repository, config) if config.workers == "local" else (
+            ModelRepository(config.repo_path) if config.repo_path.is_dir() else None
+        )  # fmt: skip
+        await self.hub.start()
+        plane = DataPlane(self.service, self.repo)
+        self._runner = web.AppRunner(make_app(plane), access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, config.host, config.http_port).start()
+        from mainspring.frontend.grpc import start_grpc
+
+        self._grpc = await start_grpc(plane, f"{config.host}:{config.grpc_port}")
+        log.info("HTTP on http://%s:%d, gRPC on %s:%d, workers connect to %s",
+                 config.host, config.http_port, config.host, config.grpc_port, self.hub.endpoint)  # fmt: skip
+        if config.workers == "local":
+            self._start_local_workers()
+            await self._wait_for_workers(len(self._processes))
+
+    def _start_local_workers(self) -> None:
+        assert self.repo is not None
+        for index, device in enumerate(self.config.device_list()):
+            command = [sys.executable, "-m", "mainspring.cli", "worker", "--controller", self.hub.endpoint,
+                       "--device", device, "--repo", str(self.repo.root), "--name", f"local-{index}-{device}",
+                       "--parent-pid", str(os.getpid())]  # fmt: skip
+            if self.config.pool_mib:
+                command += ["--pool-mib", str(self.config.pool_mib)]
+            self._processes.append(subprocess.Popen(command))
+
+    async def _wait_for_workers(self, count: int) -> None:
+        deadline = asyncio.get_running_loop().time() + self.config.join_timeout_s
+        while len(self.service.workers) < count:
+            if any(p.poll() is not None for p in self._processes):
+                raise RuntimeError("a local worker process exited during start-up (see its log above)")
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"workers did not join within {self.config.join_timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+        models = ", ".join(sorted(self.service.models)) or "(none)"
+        log.info("ready: %d worker(s), %d device(s); serving %s", len(self.service.workers),
+                 self.service.device_count, models)  # fmt: skip
+        for model, error in sorted(self.service.load_errors.items()):
+            log.error("not serving %s: %s", model, error)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def serve_until_stopped(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.request_stop)
+        await self.start()
+        await self._stop.wait()
+        await self.stop()
+
+    async def stop(self) -> None:
+        log.info("shutting down: answering outstanding requests (up to %.1f s)", self.config.drain_s)
+        left = await self.service.drain(self.config.drain_s)
+        if left:
+            log.warning("%d request(s) answered with an error at shutdown", left)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.hub.close()
+        for process in self._processes:
+            try:
+                await asyncio.to_thread(process.wait, 10)
+            except subprocess.TimeoutExpired:
+                process.terminate()
+                await asyncio.to_thread(process.wait, 5)
+        log.info("stopped")
+
+
+def run_server(config: ServeConfig) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        asyncio.run(Server(config).serve_until_stopped())
+    except (RuntimeError, OSError) as error:
+        log.error("%s", error)
+        return 1
+    return 0

@@ -1,0 +1,131 @@
+"""Prometheus metrics and per-model statistics of the live server (a ``ControllerObserver``).
+
+Each server has its own registry (several servers may share a process in tests). Names
+follow Prometheus conventions: seconds, ``_total`` counters. ``/metrics`` serves
+``exposition()``; ``/v2/models/{m}/stats`` serves ``model_stats``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from mainspring.protocol import Action, ActionResult, Infer, Request, Response, ResponseStatus, action_kind
+from mainspring.time import NS_PER_S
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+ERROR_BUCKETS_S = (-0.05, -0.01, -0.005, -0.001, -0.0005, 0.0, 0.0005, 0.001, 0.005, 0.01, 0.05)
+BUSY_WINDOW_NS = 10 * NS_PER_S
+
+
+@dataclass
+class ModelStats:
+    """Triton-style statistics of one model (counts and cumulative nanoseconds)."""
+
+    success_count: int = 0
+    success_ns: int = 0
+    fail_count: int = 0
+    fail_ns: int = 0
+    rejected_count: int = 0
+    execution_count: int = 0  # batches run
+    inference_count: int = 0  # requests served by those batches
+    last_inference_ns: int = 0
+
+
+class ServingMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "mainspring_requests", "Requests answered, by model and outcome", ["model", "outcome"], registry=r
+        )
+        self.good = Counter(
+            "mainspring_goodput_requests", "Requests answered successfully within their SLO", ["model"], registry=r
+        )
+        self.rejections = Counter("mainspring_rejections", "Requests rejected early, by reason", ["reason"], registry=r)
+        self.latency = Histogram(
+            "mainspring_request_latency_seconds", "Latency of successful requests", ["model"],
+            buckets=LATENCY_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.actions = Counter(
+            "mainspring_actions", "Worker actions, by kind and status", ["kind", "status"], registry=r
+        )
+        self.loads = Counter("mainspring_loads", "Weight loads completed", ["model"], registry=r)
+        self.evictions = Counter("mainspring_evictions", "Weight evictions completed", ["model"], registry=r)
+        self.prediction_error = Histogram(
+            "mainspring_prediction_error_seconds", "Measured minus predicted action duration", ["kind"],
+            buckets=ERROR_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.busy = Gauge(
+            "mainspring_device_busy_fraction", "Exec lane busy share over the last 10 s", ["device"], registry=r
+        )
+        self.workers = Gauge("mainspring_workers", "Connected workers", registry=r)
+        self.devices = Gauge("mainspring_devices", "Connected devices", registry=r)
+        self.models = Gauge("mainspring_models", "Models served", registry=r)
+        self.model_stats: dict[str, ModelStats] = {}
+        self._busy: dict[int, deque[tuple[int, int]]] = {}  # device -> recent (begin, end) of infers
+
+    def exposition(self, now_ns: int) -> bytes:
+        for device, spans in self._busy.items():
+            start = now_ns - BUSY_WINDOW_NS
+            while spans and spans[0][1] < start:
+                spans.popleft()
+            busy = sum(min(end, now_ns) - max(begin, start) for begin, end in spans if end > start)
+            self.busy.labels(str(device)).set(max(0.0, min(1.0, busy / BUSY_WINDOW_NS)))
+        return generate_latest(self.registry)
+
+    def stats(self, model: str) -> ModelStats:
+        return self.model_stats.setdefault(model, ModelStats())
+
+    # --- ControllerObserver -------------------------------------------------------------
+    def on_request(self, request: Request, now_ns: int) -> None:
+        pass
+
+    def on_action(self, action: Action, now_ns: int) -> None:
+        pass
+
+    def on_result(self, result: ActionResult, action: Action, now_ns: int) -> None:
+        kind = action_kind(action)
+        self.actions.labels(kind, result.status.value).inc()
+        if not result.ok or result.timing is None:
+            return
+        timing = result.timing
+        self.prediction_error.labels(kind).observe((timing.duration_ns - action.expected_duration_ns) / NS_PER_S)
+        if isinstance(action, Infer):
+            self._busy.setdefault(action.device, deque()).append((timing.begin_ns, timing.end_ns))
+            stats = self.stats(action.model)
+            stats.execution_count += 1
+            stats.inference_count += len(action.request_ids)
+        elif kind == "load":
+            self.loads.labels(action.model).inc()
+        else:
+            self.evictions.labels(action.model).inc()
+
+    def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
+        latency = now_ns - request.arrival_ns
+        self.requests.labels(request.model, response.status.value).inc()
+        stats = self.stats(request.model)
+        if response.status is ResponseStatus.SUCCESS:
+            self.latency.labels(request.model).observe(latency / NS_PER_S)
+            if now_ns <= request.deadline_ns:
+                self.good.labels(request.model).inc()
+            stats.success_count += 1
+            stats.success_ns += latency
+            stats.last_inference_ns = now_ns
+        else:
+            if response.status is ResponseStatus.REJECTED:
+                self.rejections.labels(rejection_kind(response.reason)).inc()
+                stats.rejected_count += 1
+            stats.fail_count += 1
+            stats.fail_ns += latency
+
+
+def rejection_kind(reason: str) -> str:
+    """A short, bounded label for a rejection reason (the full reason goes to the client)."""
+    if reason.startswith("overloaded"):
+        return "overloaded"
+    if "deadline" in reason:
+        return "deadline"
+    return "other"

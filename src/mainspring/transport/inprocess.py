@@ -1,0 +1,68 @@
+"""The in-process transport: a ``Worker`` in the controller's process, events on its event loop.
+
+Same events as the ZeroMQ hub (join, results, model replies), no sockets and no clock
+offset. Used by tests and by benchmarks that want the controller without the network.
+Note that a torch worker here shares the interpreter (and its GIL) with the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from mainspring.models.repository import ModelLoadError
+from mainspring.protocol import Action, ActionResult
+from mainspring.transport.links import WorkerEvents
+from mainspring.transport.messages import ModelInfo, ModelReply
+from mainspring.worker.api import ResultCallback, Worker
+
+
+class InProcessWorker:
+    """A ``WorkerHandle`` around a local ``Worker``."""
+
+    def __init__(
+        self,
+        name: str,
+        make_worker: Callable[[ResultCallback], Worker],
+        events: WorkerEvents,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.name = name
+        self._events = events
+        self._loop = loop
+        self.worker = make_worker(self._from_worker_thread)
+        self.closed = False
+
+    def join(self) -> None:
+        """Announce the worker (call on the loop)."""
+        configs = self.worker.configs()
+        models = [ModelInfo(configs[m], p.to_json()) for m, p in self.worker.profiles().items()]
+        self._events.on_join(self, list(self.worker.devices), models, dict(self.worker.load_errors))
+
+    def _from_worker_thread(self, result: ActionResult) -> None:
+        if not self.closed:
+            self._loop.call_soon_threadsafe(self._events.on_result, self, result)
+
+    def send_action(self, action: Action, inputs: list[Any] | None) -> None:
+        self.worker.submit(action, inputs)
+
+    def model_op(self, op_id: int, op: str, model: str) -> None:
+        threading.Thread(target=self._model_op, args=(op_id, op, model), daemon=True).start()
+
+    def _model_op(self, op_id: int, op: str, model: str) -> None:
+        try:
+            if op == "load":
+                profile = self.worker.register(model)
+                reply = ModelReply(op_id, model, info=ModelInfo(self.worker.configs()[model], profile.to_json()))
+            else:
+                self.worker.unregister(model)
+                reply = ModelReply(op_id, model)
+        except ModelLoadError as error:
+            reply = ModelReply(op_id, model, error=str(error))
+        self._loop.call_soon_threadsafe(self._events.on_model_reply, self, reply)
+
+    def close(self, reason: str) -> None:
+        self.closed = True
+        self.worker.close()

@@ -1,0 +1,36 @@
+"""What the controller service sees of a worker, whatever carries its messages."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from mainspring.protocol import Action, ActionResult, DeviceSpec
+from mainspring.transport.messages import ModelInfo, ModelReply
+
+
+class WorkerHandle(Protocol):
+    """One connected worker. Actions carry the worker's own device ids and the controller's clock."""
+
+    name: str
+
+    def send_action(self, action: Action, inputs: list[Any] | None) -> None: ...
+
+    def model_op(self, op_id: int, op: str, model: str) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+
+class WorkerEvents(Protocol):
+    """What a transport reports, always on the controller's event loop thread."""
+
+    def on_join(
+        self, handle: WorkerHandle, devices: list[DeviceSpec], models: list[ModelInfo], errors: dict[str, str]
+    ) -> None: ...
+
+    def on_result(self, handle: WorkerHandle, result: ActionResult) -> None:
+        """``result.timing`` is on the controller's clock; ``result.device`` is the worker's device id."""
+        ...
+
+    def on_model_reply(self, handle: WorkerHandle, reply: ModelReply) -> None: ...
+
+    def on_lost(self, handle: WorkerHandle) -> None: ...

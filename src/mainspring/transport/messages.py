@@ -1,0 +1,121 @@
+"""Messages between controller and workers, and their wire form.
+
+A message is one msgpack header frame (a tagged ``msgspec`` struct) followed by one raw
+frame per tensor, in the order the header's ``TensorMeta`` lists name them. No pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from mainspring.models.repository import ModelConfig
+from mainspring.protocol import Action, ActionResult, DeviceSpec
+from mainspring.protocol.tensors import datatype_of, numpy_dtype
+
+Sample = Mapping[str, np.ndarray[Any, Any]]
+
+
+class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+class ModelInfo(msgspec.Struct, frozen=True):
+    """A model a worker serves: its config and its profile (``ModelProfile.to_json``) on the worker's device kind."""
+
+    config: ModelConfig
+    profile: dict[str, Any]
+
+
+# worker -> controller
+class Hello(msgspec.Struct, frozen=True, tag=True):
+    worker: str
+    devices: list[DeviceSpec]
+    models: list[ModelInfo]
+    load_errors: dict[str, str] = {}
+
+
+class Result(msgspec.Struct, frozen=True, tag=True):
+    """``result.outputs`` travels as ``outputs``: per request, the metas of its tensor frames."""
+
+    result: ActionResult
+    outputs: list[list[TensorMeta]] | None = None
+
+
+class Pong(msgspec.Struct, frozen=True, tag=True):
+    controller_ns: int
+    worker_ns: int
+
+
+class ModelReply(msgspec.Struct, frozen=True, tag=True):
+    op_id: int
+    model: str
+    error: str = ""
+    info: ModelInfo | None = None
+
+
+# controller -> worker
+class Act(msgspec.Struct, frozen=True, tag=True):
+    action: Action
+    inputs: list[list[TensorMeta]] | None = None
+
+
+class Ping(msgspec.Struct, frozen=True, tag=True):
+    controller_ns: int
+
+
+class ModelOp(msgspec.Struct, frozen=True, tag=True):
+    op_id: int
+    op: str  # "load" or "unload"
+    model: str
+
+
+class Bye(msgspec.Struct, frozen=True, tag=True):
+    reason: str = ""
+
+
+Message = Hello | Result | Pong | ModelReply | Act | Ping | ModelOp | Bye
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(message: Message, samples: Sequence[Sample | None] | None = None) -> list[bytes | memoryview]:
+    """Header frame, then each sample's tensors as raw frames (C order)."""
+    frames: list[bytes | memoryview] = [_encoder.encode(message)]
+    for sample in samples or ():
+        for array in (sample or {}).values():
+            frames.append(np.ascontiguousarray(array).data.cast("B"))
+    return frames
+
+
+def decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[dict[str, np.ndarray[Any, Any]]] | None]:
+    """The message and, if it carries tensors, one dict per request (writable copies)."""
+    message = _decoder.decode(frames[0])
+    metas = message.inputs if isinstance(message, Act) else message.outputs if isinstance(message, Result) else None
+    if metas is None:
+        return message, None
+    samples: list[dict[str, np.ndarray[Any, Any]]] = []
+    index = 1
+    for request_metas in metas:
+        sample = {}
+        for meta in request_metas:
+            array = np.frombuffer(frames[index], dtype=numpy_dtype(meta.datatype)).reshape(meta.shape).copy()
+            sample[meta.name] = array
+            index += 1
+        samples.append(sample)
+    if index != len(frames):
+        raise ValueError(f"message has {len(frames) - 1} tensor frames, its header names {index - 1}")
+    return message, samples
+
+
+def metas_of(samples: Sequence[Sample | None]) -> list[list[TensorMeta]]:
+    return [
+        [TensorMeta(name, datatype_of(a.dtype), tuple(a.shape)) for name, a in (sample or {}).items()]
+        for sample in samples
+    ]

@@ -1,0 +1,179 @@
+"""The controller's end of the ZeroMQ transport: one ROUTER socket on the asyncio loop.
+
+Workers connect with DEALER sockets and say ``Hello``. A worker is announced (``on_join``)
+after its first pong, once its clock offset is known; from then on action windows are
+translated into its clock and result timings back. Every ``heartbeat_s`` each worker is
+pinged; one silent for ``timeout_s`` is reported lost and forgotten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from mainspring.protocol import Action, ActionResult, Timing
+from mainspring.time import Clock, WallClock, s_to_ns
+from mainspring.transport.clock_sync import ClockSync
+from mainspring.transport.links import WorkerEvents
+from mainspring.transport.messages import (
+    Act,
+    Bye,
+    Hello,
+    Message,
+    ModelOp,
+    ModelReply,
+    Ping,
+    Pong,
+    Result,
+    decode,
+    encode,
+    metas_of,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RemoteWorker:
+    """A worker behind the hub's socket (a ``WorkerHandle``)."""
+
+    def __init__(self, hub: WorkerHub, identity: bytes, hello: Hello, now_ns: int) -> None:
+        self.name = hello.worker
+        self.identity = identity
+        self.hello = hello
+        self.sync = ClockSync()
+        self.last_seen_ns = now_ns
+        self.joined = False
+        self._hub = hub
+
+    def send_action(self, action: Action, inputs: list[Any] | None) -> None:
+        translated = msgspec.structs.replace(
+            action, earliest_ns=self.sync.to_worker(action.earliest_ns), latest_ns=self.sync.to_worker(action.latest_ns)
+        )
+        metas = metas_of(inputs) if inputs is not None else None
+        self._hub.send(self, Act(translated, metas), inputs)
+
+    def model_op(self, op_id: int, op: str, model: str) -> None:
+        self._hub.send(self, ModelOp(op_id, op, model))
+
+    def close(self, reason: str) -> None:
+        self._hub.send(self, Bye(reason))
+
+
+class WorkerHub:
+    def __init__(
+        self,
+        address: str,
+        events: WorkerEvents,
+        heartbeat_s: float = 0.1,
+        timeout_s: float = 2.0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.address = address
+        self._events = events
+        self._heartbeat_s = heartbeat_s
+        self._timeout_ns = s_to_ns(timeout_s)
+        self._clock = clock or WallClock()
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown or gone peer raises instead of dropping
+        self._workers: dict[bytes, RemoteWorker] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def endpoint(self) -> str:
+        """The bound address (with the real port when bound to port 0)."""
+        value = self._socket.getsockopt(zmq.LAST_ENDPOINT)
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    async def start(self) -> None:
+        self._socket.bind(self.address)
+        self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._heartbeat())]
+        log.info("waiting for workers on %s", self.endpoint)
+
+    async def close(self, reason: str = "controller shutting down") -> None:
+        for worker in list(self._workers.values()):
+            self.send(worker, Bye(reason))
+        await asyncio.sleep(0.05)  # let the byes leave
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._socket.close()
+        self._context.term()
+
+    def send(self, worker: RemoteWorker, message: Message, samples: list[Any] | None = None) -> None:
+        try:
+            sent = self._socket.send_multipart([worker.identity, *encode(message, samples)], copy=False)
+        except zmq.ZMQError as error:  # the peer is gone: the heartbeat will report it lost
+            log.warning("cannot send to worker %s: %s", worker.name, error)
+            return
+        sent.add_done_callback(lambda done: self._check_sent(done, worker))
+
+    @staticmethod
+    def _check_sent(done: asyncio.Future[Any], worker: RemoteWorker) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("cannot send to worker %s: %s", worker.name, done.exception())
+
+    async def _receive(self) -> None:
+        while True:
+            identity, *frames = await self._socket.recv_multipart()
+            try:
+                self._dispatch(identity, frames)
+            except Exception:  # a bad message must not stop the controller
+                log.exception("bad message from worker %r", identity)
+
+    def _dispatch(self, identity: bytes, frames: list[bytes]) -> None:
+        message, samples = decode(frames)
+        now = self._clock.now_ns()
+        worker = self._workers.get(identity)
+        if isinstance(message, Hello):
+            if worker is not None and worker.joined:
+                self._lose(worker)  # the same worker restarted: what it had in flight is gone
+            worker = self._workers[identity] = RemoteWorker(self, identity, message, now)
+            self.send(worker, Ping(now))
+            return
+        if worker is None:
+            return  # a worker we already declared lost: it must say hello again
+        worker.last_seen_ns = now
+        if isinstance(message, Pong):
+            worker.sync.observe(message.controller_ns, message.worker_ns, now)
+            if not worker.joined:
+                worker.joined = True
+                hello = worker.hello
+                self._events.on_join(worker, list(hello.devices), list(hello.models), dict(hello.load_errors))
+        elif isinstance(message, Result):
+            self._events.on_result(worker, _to_controller_clock(message.result, worker.sync, samples))
+        elif isinstance(message, ModelReply):
+            self._events.on_model_reply(worker, message)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            now = self._clock.now_ns()
+            for worker in list(self._workers.values()):
+                if now - worker.last_seen_ns > self._timeout_ns:
+                    log.warning("worker %s silent for %.1f s: lost", worker.name, (now - worker.last_seen_ns) / 1e9)
+                    self._lose(worker)
+                else:
+                    self.send(worker, Ping(now))
+
+    def _lose(self, worker: RemoteWorker) -> None:
+        self._workers.pop(worker.identity, None)
+        if worker.joined:
+            self._events.on_lost(worker)
+
+
+def _to_controller_clock(result: ActionResult, sync: ClockSync, samples: list[Any] | None) -> ActionResult:
+    timing = result.timing
+    if timing is not None:
+        timing = Timing(sync.to_controller(timing.begin_ns), sync.to_controller(timing.end_ns))
+    outputs: list[object] | None = list(samples) if samples is not None else None
+    return ActionResult(result.action_id, result.device, result.status, timing, result.message, outputs)

@@ -1,0 +1,154 @@
+"""The worker process: a ``Worker`` behind a ZeroMQ DEALER socket (``mainspring worker``).
+
+One I/O thread owns the socket. Results come from the lane threads through a queue and
+a self-pipe that wakes the poller, so a result leaves as soon as it is ready. Pings are
+answered at once with this process's clock (the controller estimates the offset).
+Model loads and unloads from the repository API run on their own thread so that a slow
+registration never delays a ping or a result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from mainspring.models.repository import ModelLoadError
+from mainspring.protocol import ActionResult
+from mainspring.time import Clock, WallClock
+from mainspring.transport.messages import (
+    Act,
+    Bye,
+    Hello,
+    Message,
+    ModelInfo,
+    ModelOp,
+    ModelReply,
+    Ping,
+    Pong,
+    Result,
+    decode,
+    encode,
+    metas_of,
+)
+from mainspring.worker.torch_worker import TorchWorker
+
+log = logging.getLogger(__name__)
+
+Outgoing = tuple[Message, list[Any] | None]
+
+
+class WorkerConnection:
+    """Connects a ``TorchWorker`` to a controller and serves until told to stop."""
+
+    def __init__(
+        self,
+        address: str,
+        make_worker: Callable[[Callable[[ActionResult], None]], TorchWorker],
+        name: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.address = address
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self._clock = clock or WallClock()
+        self._outgoing: queue.SimpleQueue[Outgoing] = queue.SimpleQueue()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._stop = threading.Event()
+        self.worker = make_worker(self._on_result)
+
+    def _send_later(self, message: Message, samples: list[Any] | None = None) -> None:
+        self._outgoing.put((message, samples))
+        with contextlib.suppress(BlockingIOError):  # a full pipe: the I/O thread is awake anyway
+            os.write(self._wake_write, b"x")
+
+    def _on_result(self, result: ActionResult) -> None:
+        outputs = result.outputs
+        if outputs is not None and all(isinstance(o, dict) for o in outputs):
+            samples: list[Any] = list(outputs)
+            bare = ActionResult(result.action_id, result.device, result.status, result.timing, result.message)
+            self._send_later(Result(bare, metas_of(samples)), samples)
+        else:
+            bare = ActionResult(result.action_id, result.device, result.status, result.timing, result.message)
+            self._send_later(Result(bare))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._send_later(Bye())
+
+    def serve(self, parent_pid: int | None = None) -> None:
+        """Say hello, then relay actions and results until ``Bye``, ``stop()`` or the parent process dies."""
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt_string(zmq.IDENTITY, self.name)
+        sock.connect(self.address)
+        sock.send_multipart(encode(self._hello()))
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
+        log.info("worker %s connected to %s", self.name, self.address)
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(1000))
+                if parent_pid is not None and os.getppid() != parent_pid:
+                    log.warning("parent process %d is gone; stopping", parent_pid)
+                    break
+                if self._wake_read in events:
+                    os.read(self._wake_read, 4096)
+                while True:
+                    try:
+                        message, samples = self._outgoing.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(message, Bye):
+                        continue
+                    sock.send_multipart(encode(message, samples), copy=False)
+                while sock.poll(0, zmq.POLLIN):
+                    if not self._handle(sock, sock.recv_multipart(copy=True)):
+                        self._stop.set()
+                        break
+        finally:
+            self.worker.close()
+            sock.close()
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+
+    def _hello(self) -> Hello:
+        configs = self.worker.configs()
+        models = [ModelInfo(configs[m], p.to_json()) for m, p in self.worker.profiles().items()]
+        return Hello(self.name, list(self.worker.devices), models, dict(self.worker.load_errors))
+
+    def _handle(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
+        message, samples = decode(frames)
+        if isinstance(message, Act):
+            self.worker.submit(message.action, samples)
+        elif isinstance(message, Ping):
+            sock.send_multipart(encode(Pong(message.controller_ns, self._clock.now_ns())))
+        elif isinstance(message, ModelOp):
+            threading.Thread(target=self._model_op, args=(message,), name="model-op", daemon=True).start()
+        elif isinstance(message, Bye):
+            log.info("controller said bye: %s", message.reason)
+            return False
+        return True
+
+    def _model_op(self, op: ModelOp) -> None:
+        try:
+            if op.op == "load":
+                profile = self.worker.register(op.model)
+                info = ModelInfo(self.worker.configs()[op.model], profile.to_json())
+                self._send_later(ModelReply(op.op_id, op.model, info=info))
+            elif op.op == "unload":
+                self.worker.unregister(op.model)
+                self._send_later(ModelReply(op.op_id, op.model))
+            else:
+                self._send_later(ModelReply(op.op_id, op.model, error=f"unknown operation {op.op!r}"))
+        except ModelLoadError as error:
+            self._send_later(ModelReply(op.op_id, op.model, error=str(error)))

@@ -115,7 +115,7 @@ class WorkerHub:
         except zmq.ZMQError as error:  # the peer is gone: the heartbeat will report it lost
             log.warning("cannot send to worker %s: %s", worker.name, error)
             return
-        sent.add_done_callback(lambda done: self._check_sent(done, worker))
+        asyncio.ensure_future(sent).add_done_callback(lambda done: self._check_sent(done, worker))
 
     @staticmethod
     def _check_sent(done: asyncio.Future[Any], worker: RemoteWorker) -> None:

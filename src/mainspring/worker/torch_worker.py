@@ -160,8 +160,10 @@ class TorchWorker:
         return stored
 
     def _measured_profile(self, host: HostModel, timings: Mapping[int, list[int]]) -> ModelProfile:
-        """A first profile from the warm-up runs (the slowest of each) and one timed copy of the weights."""
-        scratch = [torch.empty_like(t, device=self._devices[0].device) for t in host.host]
+        """A first profile from the warm-up runs (the median of each: registration may overlap other work, and the
+        controller's estimator replaces these figures with its own measurements within a few actions) and one timed
+        copy of the weights into memory that was touched before."""
+        scratch = [torch.zeros_like(t, device=self._devices[0].device) for t in host.host]
         begin = self._clock.now_ns()
         for target, source in zip(scratch, host.host, strict=True):
             target.copy_(source)
@@ -173,6 +175,6 @@ class TorchWorker:
             device_kind=self.kind,
             weights_bytes=host.weights_bytes,
             load_ns=max(1, load_ns),
-            exec_ns={b: max(runs) for b, runs in timings.items()},
+            exec_ns={b: sorted(runs)[len(runs) // 2] for b, runs in timings.items()},
             tensor_bytes=host.tensor_bytes,
         )

@@ -32,7 +32,7 @@ from mainspring.protocol import (
     LoadWeights,
     Timing,
 )
-from mainspring.protocol.tensors import shape_matches
+from mainspring.protocol.tensors import numpy_dtype, shape_matches
 from mainspring.time import Clock
 from mainspring.worker.executor import Lane, ResultSink
 from mainspring.worker.pages import PagePool, aligned_bytes, pack_first_fit_decreasing
@@ -166,10 +166,16 @@ class TorchDevice:
         self.pool.release(model)
 
     def _warm_up(self, binding: _Binding, batch: int) -> list[int]:
+        """Run the whole infer path (input copies, forward, outputs to host) on zero inputs; returns the times."""
+        samples = [
+            {s.name: np.zeros((1, *s.sample_shape), dtype=numpy_dtype(s.datatype)) for s in binding.model.config.inputs}
+            for _ in range(batch)
+        ]
         durations = []
         for _ in range(max(1, self.settings.warmup_runs) + 1):
             begin = self._clock.now_ns()
-            outputs = self._forward(binding, None, batch)
+            outputs = self._forward(binding, None, batch, samples)
+            _ = [o.cpu().numpy() for o in outputs]
             self._synchronize()
             durations.append(self._clock.now_ns() - begin)
         _check_outputs(binding.model.config, outputs, batch)
@@ -348,8 +354,6 @@ def _check_outputs(config: ModelConfig, outputs: tuple[torch.Tensor, ...], batch
 
 
 def _torch_dtype(datatype: str) -> torch.dtype:
-    from mainspring.protocol.tensors import numpy_dtype
-
     return torch.from_numpy(np.zeros(0, dtype=numpy_dtype(datatype))).dtype
 
 

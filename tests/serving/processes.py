@@ -1,0 +1,91 @@
+"""Real server and worker processes on loopback, as a user starts them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ServerProcess:
+    """``mainspring serve`` in a child process on free ports; its log goes to a file."""
+
+    def __init__(self, repo: Path, log: Path, *args: str) -> None:
+        self.http_port, self.grpc_port, self.worker_port = free_port(), free_port(), free_port()
+        self.log = log
+        command = [
+            sys.executable, "-m", "mainspring.cli", "serve", "--repo", str(repo), "--devices", "cpu",
+            "--pool-mib", "256", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+            "--worker-port", str(self.worker_port), *args,
+        ]  # fmt: skip
+        env = {**os.environ, "MAINSPRING_WORKER_TIMEOUT_S": "1.0"}
+        self._log_file = log.open("wb")
+        self.process = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
+
+    @property
+    def http(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def worker_address(self) -> str:
+        return f"tcp://127.0.0.1:{self.worker_port}"
+
+    def wait_ready(self, timeout_s: float = 120.0, path: str = "/v2/health/ready") -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log.read_text()}")
+            try:
+                with urllib.request.urlopen(f"http://{self.http}{path}", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready after {timeout_s} s:\n{self.log.read_text()}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log_file.close()
+        return self.process.returncode
+
+
+def start_worker(address: str, repo: Path, name: str, log: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "mainspring.cli", "worker", "--controller", address, "--repo", str(repo),
+               "--pool-mib", "256", "--name", name]  # fmt: skip
+    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def http_call(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """Status and body of a raw HTTP request (POST when there is a body); errors are returned, not raised."""
+    request = urllib.request.Request(
+        url, data=body, headers=headers or {}, method="POST" if body is not None else "GET"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()

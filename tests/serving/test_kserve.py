@@ -1,0 +1,210 @@
+"""The real server on loopback, used through the unmodified ``tritonclient`` (HTTP and gRPC) and raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from mainspring.models.repository import ModelRepository
+from mainspring.models.zoo import build_model
+from tests.serving.processes import ServerProcess, http_call
+from tests.torch_models import RESNET_ARGS
+
+ARGS = {"mlp": {}, "resnet18": RESNET_ARGS, "bert_tiny": {}}
+
+
+@pytest.fixture(scope="module")
+def server(small_zoo: ModelRepository, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("serve")
+    shutil.copytree(small_zoo.root, folder / "repo")
+    process = ServerProcess(folder / "repo", folder / "server.log", "--slo-ms", "2000")  # generous: a shared CPU
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        assert process.stop() == 0, (folder / "server.log").read_text()
+
+
+@pytest.fixture
+def http(server: ServerProcess) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(server.http)
+
+
+@pytest.fixture
+def grpc(server: ServerProcess) -> grpcclient.InferenceServerClient:
+    return grpcclient.InferenceServerClient(server.grpc)
+
+
+def reference(model: str, batch: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return build_model(model, ARGS[model])(torch.from_numpy(batch)).numpy()
+
+
+def inputs_for(model: str, batch: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if model == "bert_tiny":
+        return rng.integers(0, 1000, (batch, 32), dtype=np.int64)
+    if model == "resnet18":
+        return rng.standard_normal((batch, 3, 48, 48), dtype=np.float32)
+    return rng.standard_normal((batch, 256), dtype=np.float32)
+
+
+def test_health_and_metadata(http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient) -> None:
+    assert http.is_server_live() and http.is_server_ready()
+    assert grpc.is_server_live() and grpc.is_server_ready()
+    assert http.get_server_metadata()["name"] == "mainspring"
+    assert "model_repository" in grpc.get_server_metadata().extensions
+    meta = http.get_model_metadata("resnet18")
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 48, 48]}]
+    assert meta["outputs"][0]["shape"] == [-1, 1000]
+    assert grpc.get_model_metadata("bert_tiny").inputs[0].datatype == "INT64"
+    assert http.is_model_ready("mlp") and grpc.is_model_ready("mlp", "1") and not http.is_model_ready("mlp", "7")
+    assert grpc.get_model_config("mlp").config.max_batch_size == 8
+
+
+@pytest.mark.parametrize("model", ["mlp", "resnet18", "bert_tiny"])
+@pytest.mark.parametrize("binary", [True, False])
+def test_http_inference_equals_the_model(http: httpclient.InferenceServerClient, model: str, binary: bool) -> None:
+    data = inputs_for(model, 3)
+    tensor = httpclient.InferInput("input_ids" if model == "bert_tiny" else "input", list(data.shape),
+                                   "INT64" if model == "bert_tiny" else "FP32")  # fmt: skip
+    tensor.set_data_from_numpy(data, binary_data=binary)
+    name = "pooled" if model == "bert_tiny" else "logits"
+    result = http.infer(model, [tensor], outputs=[httpclient.InferRequestedOutput(name, binary_data=binary)])
+    np.testing.assert_allclose(result.as_numpy(name), reference(model, data), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model", ["mlp", "bert_tiny"])
+def test_grpc_inference_equals_the_model(grpc: grpcclient.InferenceServerClient, model: str) -> None:
+    data = inputs_for(model, 2, seed=5)
+    tensor = grpcclient.InferInput("input_ids" if model == "bert_tiny" else "input", list(data.shape),
+                                   "INT64" if model == "bert_tiny" else "FP32")  # fmt: skip
+    tensor.set_data_from_numpy(data)
+    result = grpc.infer(model, [tensor], client_timeout=60)
+    name = "pooled" if model == "bert_tiny" else "logits"
+    np.testing.assert_allclose(result.as_numpy(name), reference(model, data), rtol=1e-4, atol=1e-4)
+
+
+def test_a_request_that_cannot_meet_its_slo_is_rejected_at_once(
+    server: ServerProcess, http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    tensor = httpclient.InferInput("input", [1, 3, 48, 48], "FP32")
+    tensor.set_data_from_numpy(inputs_for("resnet18", 1))
+    begin = time.monotonic()
+    with pytest.raises(InferenceServerException) as rejected:
+        http.infer("resnet18", [tensor], timeout=50)  # 50 microseconds: less than one batch takes
+    assert rejected.value.status() == "503" and "deadline cannot be met" in rejected.value.message()
+    assert time.monotonic() - begin < 5.0  # answered on arrival, not at the deadline or after running
+    body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 256], "data": [0.0] * 256}],
+                       "parameters": {"slo_ms": 0.01}}).encode()  # fmt: skip
+    status, reply = http_call(f"http://{server.http}/v2/models/mlp/infer", body)
+    assert status == 503 and "deadline cannot be met" in json.loads(reply)["error"]
+    g_tensor = grpcclient.InferInput("input", [1, 256], "FP32")
+    g_tensor.set_data_from_numpy(inputs_for("mlp", 1))
+    with pytest.raises(InferenceServerException) as rejected_grpc:
+        grpc.infer("mlp", [g_tensor], parameters={"slo_ms": 0.01})
+    assert "UNAVAILABLE" in str(rejected_grpc.value.status()) and "deadline" in rejected_grpc.value.message()
+
+
+def post(server: ServerProcess, path: str, document: object) -> tuple[int, str]:
+    status, body = http_call(f"http://{server.http}{path}", json.dumps(document).encode())
+    return status, json.loads(body)["error"] if status != 200 else body.decode()
+
+
+MLP_INPUT = {"name": "input", "datatype": "FP32", "shape": [1, 256], "data": [0.5] * 256}
+
+
+@pytest.mark.parametrize(
+    ("document", "fragment"),
+    [
+        (
+            {"inputs": [{**MLP_INPUT, "shape": [1, 128], "data": [0.5] * 128}]},
+            "shape [1, 128] does not match [-1, 256]",
+        ),
+        ({"inputs": [{**MLP_INPUT, "datatype": "FP64"}]}, "datatype FP64 does not match FP32"),
+        ({"inputs": [{**MLP_INPUT, "data": [0.5] * 10}]}, "10 values, shape [1, 256] needs 256"),
+        ({"inputs": [{**MLP_INPUT, "name": "x"}]}, "unexpected input 'x'"),
+        ({"inputs": []}, "inputs must be a non-empty list"),
+        ({"inputs": [MLP_INPUT], "outputs": [{"name": "nope"}]}, "unknown output 'nope'"),
+        ({"inputs": [MLP_INPUT], "parameters": {"slo_ms": -3}}, "parameter 'slo_ms' must be a positive number"),
+        ({"inputs": [{**MLP_INPUT, "datatype": "BYTES"}]}, "unsupported datatype 'BYTES'"),
+    ],
+)
+def test_bad_requests_get_400_naming_the_problem(server: ServerProcess, document: object, fragment: str) -> None:
+    status, error = post(server, "/v2/models/mlp/infer", document)
+    assert status == 400 and fragment in error
+
+
+def test_malformed_json_unknown_models_and_paths(server: ServerProcess, grpc: grpcclient.InferenceServerClient) -> None:
+    status, body = http_call(f"http://{server.http}/v2/models/mlp/infer", b"{not json")
+    assert status == 400 and "not valid JSON" in json.loads(body)["error"]
+    assert post(server, "/v2/models/vgg/infer", {"inputs": [MLP_INPUT]}) == (404, "unknown model 'vgg'")
+    status, body = http_call(f"http://{server.http}/v2/models/vgg")
+    assert status == 404 and "vgg" in json.loads(body)["error"]
+    status, body = http_call(f"http://{server.http}/v2/nothing/here")
+    assert status == 404 and "error" in json.loads(body)
+    with pytest.raises(InferenceServerException) as missing:
+        grpc.get_model_metadata("vgg")
+    assert "NOT_FOUND" in str(missing.value.status())
+    wrong = grpcclient.InferInput("input", [1, 100], "FP32")
+    wrong.set_data_from_numpy(np.zeros((1, 100), np.float32))
+    with pytest.raises(InferenceServerException) as invalid:
+        grpc.infer("mlp", [wrong])
+    assert "INVALID_ARGUMENT" in str(invalid.value.status()) and "[1, 100]" in invalid.value.message()
+    assert http_call(f"http://{server.http}/v2/health/live")[0] == 200  # still up
+
+
+def test_repository_unload_and_load(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    index = {m["name"]: m["state"] for m in http.get_model_repository_index()}
+    assert index == {"mlp": "READY", "resnet18": "READY", "bert_tiny": "READY"}
+    http.unload_model("bert_tiny")
+    assert not http.is_model_ready("bert_tiny")
+    assert {m["name"]: m["state"] for m in http.get_model_repository_index()}["bert_tiny"] == "UNAVAILABLE"
+    tensor = httpclient.InferInput("input_ids", [1, 32], "INT64")
+    tensor.set_data_from_numpy(inputs_for("bert_tiny", 1))
+    with pytest.raises(InferenceServerException) as gone:
+        http.infer("bert_tiny", [tensor])
+    assert gone.value.status() == "404"
+    grpc.load_model("bert_tiny")
+    assert grpc.is_model_ready("bert_tiny")
+    result = http.infer("bert_tiny", [tensor])
+    np.testing.assert_allclose(result.as_numpy("pooled"), reference("bert_tiny", inputs_for("bert_tiny", 1)),
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    with pytest.raises(InferenceServerException) as unknown:
+        http.load_model("vgg16")
+    assert unknown.value.status() == "404"
+
+
+def test_metrics_stats_and_openapi(server: ServerProcess, http: httpclient.InferenceServerClient) -> None:
+    tensor = httpclient.InferInput("input", [2, 256], "FP32")
+    tensor.set_data_from_numpy(inputs_for("mlp", 2))
+    http.infer("mlp", [tensor])
+    status, body = http_call(f"http://{server.http}/metrics")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    requests = {(s.labels["model"], s.labels["outcome"]): s.value
+                for s in families["mainspring_requests"].samples if s.name.endswith("_total")}  # fmt: skip
+    assert requests[("mlp", "success")] >= 2
+    for name in ("mainspring_goodput_requests", "mainspring_request_latency_seconds", "mainspring_loads",
+                 "mainspring_device_busy_fraction", "mainspring_prediction_error_seconds", "mainspring_rejections",
+                 "mainspring_workers"):  # fmt: skip
+        assert name in families, name
+    assert families["mainspring_workers"].samples[0].value == 1
+    stats = http.get_inference_statistics("mlp")["model_stats"][0]
+    assert stats["name"] == "mlp" and stats["inference_stats"]["success"]["count"] >= 2
+    status, body = http_call(f"http://{server.http}/v2/openapi.json")
+    document = json.loads(body)
+    assert status == 200 and document["openapi"].startswith("3.")
+    assert "/v2/models/{model}/infer" in document["paths"] and "/metrics" in document["paths"]

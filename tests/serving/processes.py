@@ -73,10 +73,11 @@ class ServerProcess:
         return self.process.returncode
 
 
-def start_worker(address: str, repo: Path, name: str, log: Path) -> subprocess.Popen[bytes]:
+def start_worker(address: str, repo: Path, name: str, log: Path, pool_mib: int = 256) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "mainspring.cli", "worker", "--controller", address, "--repo", str(repo),
-               "--pool-mib", "256", "--name", name]  # fmt: skip
-    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+               "--pool-mib", str(pool_mib), "--name", name]  # fmt: skip
+    with log.open("wb") as output:  # the child keeps its own descriptor
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
 
 
 def http_call(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:

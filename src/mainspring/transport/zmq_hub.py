@@ -112,15 +112,20 @@ class WorkerHub:
     def send(self, worker: RemoteWorker, message: Message, samples: list[Any] | None = None) -> None:
         try:
             sent = self._socket.send_multipart([worker.identity, *encode(message, samples)], copy=False)
-        except zmq.ZMQError as error:  # the peer is gone: the heartbeat will report it lost
-            log.warning("cannot send to worker %s: %s", worker.name, error)
+        except zmq.ZMQError as error:
+            self._unreachable(worker, error)
             return
         asyncio.ensure_future(sent).add_done_callback(lambda done: self._check_sent(done, worker))
 
-    @staticmethod
-    def _check_sent(done: asyncio.Future[Any], worker: RemoteWorker) -> None:
-        if not done.cancelled() and done.exception() is not None:
-            log.warning("cannot send to worker %s: %s", worker.name, done.exception())
+    def _check_sent(self, done: asyncio.Future[Any], worker: RemoteWorker) -> None:
+        if not done.cancelled() and isinstance(done.exception(), zmq.ZMQError):
+            self._unreachable(worker, done.exception())
+
+    def _unreachable(self, worker: RemoteWorker, error: BaseException | None) -> None:
+        """ZeroMQ dropped the peer (its connection closed): lost now, without waiting for the heartbeat timeout."""
+        if worker.identity in self._workers:
+            log.warning("worker %s unreachable (%s): lost", worker.name, error)
+            self._lose(worker)
 
     async def _receive(self) -> None:
         while True:

@@ -84,9 +84,8 @@ def test_killing_a_worker_mid_flight_loses_no_request(small_zoo: ModelRepository
         for thread in threads:
             thread.join(60)
         assert not failures, failures
-        print(
-            f"answers: {len(answers)}, {killed_at} before the kill; statuses {sorted(collections.Counter(s for _, s in answers).items())}"
-        )
+        counts = sorted(collections.Counter(s for _, s in answers).items())
+        print(f"answers: {len(answers)}, {killed_at} before the kill; statuses {counts}")
         assert killed_at > 0 and len(answers) > killed_at
         statuses = {status for _, status in answers}
         assert statuses <= {200, 500, 503, 504}, statuses  # each a real answer: a result or an error with a reason

@@ -100,6 +100,9 @@ def decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[dict[str
     metas = message.inputs if isinstance(message, Act) else message.outputs if isinstance(message, Result) else None
     if metas is None:
         return message, None
+    expected = sum(len(request_metas) for request_metas in metas)
+    if expected != len(frames) - 1:
+        raise ValueError(f"message has {len(frames) - 1} tensor frames, its header names {expected}")
     samples: list[dict[str, np.ndarray[Any, Any]]] = []
     index = 1
     for request_metas in metas:
@@ -109,8 +112,6 @@ def decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[dict[str
             sample[meta.name] = array
             index += 1
         samples.append(sample)
-    if index != len(frames):
-        raise ValueError(f"message has {len(frames) - 1} tensor frames, its header names {index - 1}")
     return message, samples
 
 

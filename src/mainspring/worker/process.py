@@ -38,7 +38,7 @@ from mainspring.transport.messages import (
     encode,
     metas_of,
 )
-from mainspring.worker.torch_worker import TorchWorker
+from mainspring.worker.api import Worker
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class WorkerConnection:
     def __init__(
         self,
         address: str,
-        make_worker: Callable[[Callable[[ActionResult], None]], TorchWorker],
+        make_worker: Callable[[Callable[[ActionResult], None]], Worker],
         name: str | None = None,
         clock: Clock | None = None,
     ) -> None:

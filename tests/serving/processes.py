@@ -81,7 +81,8 @@ def start_worker(address: str, repo: Path, name: str, log: Path, pool_mib: int =
 
 
 def http_call(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    """Status and body of a raw HTTP request (POST when there is a body); errors are returned, not raised."""
+    """Status and body of a raw HTTP request (POST when there is a body); errors are returned, not raised:
+    -1 when no connection could be made."""
     request = urllib.request.Request(
         url, data=body, headers=headers or {}, method="POST" if body is not None else "GET"
     )
@@ -90,3 +91,5 @@ def http_call(url: str, body: bytes | None = None, headers: dict[str, str] | Non
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
+    except (urllib.error.URLError, ConnectionError) as error:
+        return -1, str(error).encode()

@@ -1,0 +1,85 @@
+"""``mainspring serve`` as the README runs it: settings from file, environment and flags; the built-in zoo on
+first start; a clean shutdown on SIGTERM that answers what is in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from mainspring.serve import ServeConfig, load_config
+from tests.serving.processes import free_port, http_call
+
+
+def test_settings_come_from_file_then_environment_then_flags(tmp_path: Path) -> None:
+    file = tmp_path / "serve.toml"
+    file.write_text('[serve]\nhttp_port = 9000\npolicy = "triton"\nslo_ms = 50\n')
+    env = {"MAINSPRING_HTTP_PORT": "9100", "MAINSPRING_GRPC_PORT": "9101", "HOME": "/x"}
+    config = load_config(file, env, {"grpc_port": 9201, "repo": None})
+    assert config == ServeConfig(http_port=9100, grpc_port=9201, policy="triton", slo_ms=50.0)
+    assert load_config(None, {}, {}) == ServeConfig()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MAINSPRING_HTTP_PORT": "eighty"}, "http_port='eighty' is not a int"),
+        ({"MAINSPRING_POLICY": "fifo"}, "policy='fifo' is not one of"),
+        ({"MAINSPRING_COLOUR": "red"}, "environment variable MAINSPRING_COLOUR: unknown setting 'colour'"),
+        ({"MAINSPRING_WORKERS": "ray"}, "workers='ray' must be 'local' or 'tcp'"),
+    ],
+)
+def test_bad_settings_name_the_setting(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, env, {})
+
+
+def test_first_start_builds_the_zoo_and_sigterm_answers_what_is_in_flight(tmp_path: Path) -> None:
+    http_port = free_port()
+    env = {**os.environ, "HOME": str(tmp_path), "MAINSPRING_HTTP_PORT": str(http_port),
+           "MAINSPRING_GRPC_PORT": str(free_port()), "MAINSPRING_WORKER_PORT": str(free_port()),
+           "MAINSPRING_POOL_MIB": "512", "MAINSPRING_SLO_MS": "3000"}  # fmt: skip
+    log = tmp_path / "serve.log"
+    with log.open("wb") as output:
+        server = subprocess.Popen([sys.executable, "-m", "mainspring.cli", "serve"], stdout=output,
+                                  stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{http_port}"
+        for _ in range(1800):
+            if server.poll() is not None or http_call(f"{url}/v2/health/ready")[0] == 200:
+                break
+            threading.Event().wait(0.1)
+        assert server.poll() is None, log.read_text()
+        assert sorted(m["name"] for m in json.loads(http_call(f"{url}/v2/repository/index", b"")[1])) == [
+            "bert_tiny", "mlp", "mobilenetv2", "resnet18"]  # fmt: skip
+        assert (tmp_path / ".mainspring" / "zoo" / "resnet18" / "1" / "model.pt2").is_file()
+        data = [0.1] * (3 * 64 * 64)
+        body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3, 64, 64], "data": data}]})
+        statuses: list[int] = []
+
+        def client() -> None:
+            for _ in range(20):
+                statuses.append(http_call(f"{url}/v2/models/resnet18/infer", body.encode())[0])
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        threading.Event().wait(0.5)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0, log.read_text()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert 200 in statuses
+    assert set(statuses) <= {200, 503, -1}, statuses  # served, refused while draining, or not accepted (-1)
+    text = log.read_text()
+    assert "first start: writing the built-in zoo" in text and "stopped" in text and "Traceback" not in text

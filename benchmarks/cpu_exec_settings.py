@@ -99,7 +99,9 @@ def main() -> None:
         print("\nwarm-up: first forward of a fresh module against the median of the next 20, ms")
         for model in ("resnet18", "bert_tiny"):
             for batch, first, steady in first_runs(repo, model):
-                print(f"{model:<10} batch {batch}: first {first:8.3f}  steady {steady:8.3f}  ratio {first / steady:6.2f}")
+                print(
+                    f"{model:<10} batch {batch}: first {first:8.3f}  steady {steady:8.3f}  ratio {first / steady:6.2f}"
+                )
 
 
 if __name__ == "__main__":

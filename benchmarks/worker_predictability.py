@@ -56,21 +56,26 @@ def main() -> None:
         runner = ActionRunner()
         worker = TorchWorker(repo, runner.results.put, use_stored_profiles=False)
         print(f"exec on this CPU (1 intra-op thread, image {args.image_size}x{args.image_size}), ms")
-        print(f"{'model':<12} {'batch':>5} {'profile p99':>11} {'fresh p50':>9} {'fresh p99':>9} {'p99/p50':>7} "
-              f"{'est. error':>10} {'runs > est.':>11}")
+        print(
+            f"{'model':<12} {'batch':>5} {'profile p99':>11} {'fresh p50':>9} {'fresh p99':>9} {'p99/p50':>7} "
+            f"{'est. error':>10} {'runs > est.':>11}"
+        )
         loads = []
         for name in names:
             config = worker.configs()[name]
-            loads.append((name, worker.profiles()[name].weights_bytes, measure_load(runner, worker.submit, name,
-                                                                                    args.load_runs)))
+            loads.append(
+                (name, worker.profiles()[name].weights_bytes, measure_load(runner, worker.submit, name, args.load_runs))
+            )
             runner.run(worker.submit, LoadWeights, name)
             for batch in config.batch_sizes:
                 profiled = measure_exec(runner, worker.submit, config, batch, settings)
                 fresh = np.array(measure_exec(runner, worker.submit, config, batch, settings).durations_ns) / 1e6
                 estimate = profiled.p99_ns / 1e6
                 p50, p99 = np.percentile(fresh, [50, 99])
-                print(f"{name:<12} {batch:>5} {estimate:>11.3f} {p50:>9.3f} {p99:>9.3f} {p99 / p50:>7.3f} "
-                      f"{(estimate - p99) / p99:>+10.1%} {np.mean(fresh > estimate):>11.1%}")
+                print(
+                    f"{name:<12} {batch:>5} {estimate:>11.3f} {p50:>9.3f} {p99:>9.3f} {p99 / p50:>7.3f} "
+                    f"{(estimate - p99) / p99:>+10.1%} {np.mean(fresh > estimate):>11.1%}"
+                )
             runner.run(worker.submit, EvictWeights, name)
         worker.close()
         print("\nloads (LoadWeights into pages) against a flat copy of the same bytes, ms")
@@ -78,8 +83,10 @@ def main() -> None:
         for name, nbytes, durations in loads:
             copy = np.percentile(flat_copy_ns(nbytes, args.load_runs), 50) / 1e6
             p50, p99 = np.percentile(np.array(durations) / 1e6, [50, 99])
-            print(f"{name:<12} {nbytes / 1e6:>7.1f} {p50:>8.2f} {p99:>8.2f} {copy:>8.2f} {p50 / copy:>9.2f} "
-                  f"{nbytes / p50 / 1e6:>6.2f}")
+            print(
+                f"{name:<12} {nbytes / 1e6:>7.1f} {p50:>8.2f} {p99:>8.2f} {copy:>8.2f} {p50 / copy:>9.2f} "
+                f"{nbytes / p50 / 1e6:>6.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -52,6 +52,10 @@ class ServingMetrics:
         self.actions = Counter(
             "mainspring_actions", "Worker actions, by kind and status", ["kind", "status"], registry=r
         )
+        self.action_seconds = Histogram(
+            "mainspring_action_duration_seconds", "Measured duration of actions that ran", ["kind"],
+            buckets=LATENCY_BUCKETS_S, registry=r,
+        )  # fmt: skip
         self.loads = Counter("mainspring_loads", "Weight loads completed", ["model"], registry=r)
         self.evictions = Counter("mainspring_evictions", "Weight evictions completed", ["model"], registry=r)
         self.prediction_error = Histogram(
@@ -92,6 +96,7 @@ class ServingMetrics:
         if not result.ok or result.timing is None:
             return
         timing = result.timing
+        self.action_seconds.labels(kind).observe(timing.duration_ns / NS_PER_S)
         self.prediction_error.labels(kind).observe((timing.duration_ns - action.expected_duration_ns) / NS_PER_S)
         if isinstance(action, Infer):
             self._busy.setdefault(action.device, deque()).append((timing.begin_ns, timing.end_ns))

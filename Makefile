@@ -1,12 +1,12 @@
 # Two entry points, both self-contained on a fresh machine (Python 3.11 + make):
-#   make run    set up, then run the main job on the embedded default
+#   make run    set up, then serve the built-in zoo (KServe v2 on :8000 HTTP, :8001 gRPC) until Ctrl-C
 #   make test   set up, then lint, type-check and run the test suite (what CI runs)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run simulate test lint bench clean
 
 $(STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml requirements-ci.txt
 	touch $(STAMP)
 
 run: $(STAMP)
+	$(BIN)/mainspring serve
+
+simulate: $(STAMP)
 	$(BIN)/mainspring simulate --policy clockwork,triton,clipper --trace-scale 10 --duration-s 300
 
 lint: $(STAMP)
@@ -31,6 +34,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/slo_sweep.py
 	$(BIN)/python benchmarks/controller_cost.py
 	$(BIN)/python benchmarks/prediction_error.py
+	$(BIN)/python benchmarks/worker_predictability.py
+	$(BIN)/python benchmarks/cpu_exec_settings.py
+	$(BIN)/python benchmarks/serving_overhead.py
+	$(BIN)/python benchmarks/controller_throughput.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -149,7 +149,7 @@ class ControllerService:
             if info.config.name not in self.models:
                 profile = ModelProfile.from_json(info.profile, f"worker {handle.name} model {info.config.name}")
                 self._membership.add_model(profile)
-                self.models[info.config.name] = ServedModel(info.config, profile)
+                self.models[info.config.name] = ServedModel(info.config, profile, info.version)
         self.load_errors.update(errors)
         for spec in devices:
             global_id = next(self._device_ids)
@@ -215,7 +215,7 @@ class ControllerService:
         assert info is not None
         profile = ModelProfile.from_json(info.profile, f"model {model}")
         self._membership.add_model(profile)
-        self.models[model] = ServedModel(info.config, profile)
+        self.models[model] = ServedModel(info.config, profile, info.version)
         self.load_errors.pop(model, None)
         self._update_gauges()
 

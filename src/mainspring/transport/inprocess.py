@@ -15,8 +15,8 @@ from typing import Any
 from mainspring.models.repository import ModelLoadError
 from mainspring.protocol import Action, ActionResult
 from mainspring.transport.links import WorkerEvents
-from mainspring.transport.messages import ModelInfo, ModelReply
-from mainspring.worker.api import ResultCallback, Worker
+from mainspring.transport.messages import ModelReply
+from mainspring.worker.api import ResultCallback, Worker, model_info
 
 
 class InProcessWorker:
@@ -37,8 +37,7 @@ class InProcessWorker:
 
     def join(self) -> None:
         """Announce the worker (call on the loop)."""
-        configs = self.worker.configs()
-        models = [ModelInfo(configs[m], p.to_json()) for m, p in self.worker.profiles().items()]
+        models = [model_info(self.worker, m) for m in self.worker.profiles()]
         self._events.on_join(self, list(self.worker.devices), models, dict(self.worker.load_errors))
 
     def _from_worker_thread(self, result: ActionResult) -> None:
@@ -54,8 +53,8 @@ class InProcessWorker:
     def _model_op(self, op_id: int, op: str, model: str) -> None:
         try:
             if op == "load":
-                profile = self.worker.register(model)
-                reply = ModelReply(op_id, model, info=ModelInfo(self.worker.configs()[model], profile.to_json()))
+                self.worker.register(model)
+                reply = ModelReply(op_id, model, info=model_info(self.worker, model))
             else:
                 self.worker.unregister(model)
                 reply = ModelReply(op_id, model)

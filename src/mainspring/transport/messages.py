@@ -30,6 +30,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
 
     config: ModelConfig
     profile: dict[str, Any]
+    version: int = 1
 
 
 # worker -> controller

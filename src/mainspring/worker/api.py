@@ -22,6 +22,7 @@ from mainspring.models.repository import ModelConfig, ModelLoadError
 from mainspring.protocol import Action, ActionResult, DeviceSpec
 from mainspring.protocol.tensors import TensorSpec
 from mainspring.time import WallClock
+from mainspring.transport.messages import ModelInfo
 from mainspring.worker.runtimes.emulated import EmulatedDevice, NoiseModel
 
 Sample = Mapping[str, np.ndarray[Any, Any]]
@@ -42,6 +43,10 @@ class Worker(Protocol):
 
     def configs(self) -> Mapping[str, ModelConfig]: ...
 
+    def version_of(self, model: str) -> int:
+        """The repository version served under ``model``."""
+        ...
+
     def register(self, model: str) -> ModelProfile:
         """Start serving a repository model; ``ModelLoadError`` with the reason if it cannot."""
         ...
@@ -51,6 +56,11 @@ class Worker(Protocol):
     def submit(self, action: Action, inputs: Sequence[Sample] | None = None) -> None: ...
 
     def close(self) -> None: ...
+
+
+def model_info(worker: Worker, model: str) -> ModelInfo:
+    """What a worker announces about one of its models."""
+    return ModelInfo(worker.configs()[model], worker.profiles()[model].to_json(), worker.version_of(model))
 
 
 class ThreadTimer:
@@ -134,6 +144,9 @@ class EmulatedWorker:
 
     def configs(self) -> Mapping[str, ModelConfig]:
         return {name: echo_config(name, p.batch_sizes) for name, p in self._profiles.items()}
+
+    def version_of(self, model: str) -> int:
+        return 1
 
     def register(self, model: str) -> ModelProfile:
         raise ModelLoadError(f"model {model!r}: an emulated worker serves a fixed set of models")

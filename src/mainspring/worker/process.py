@@ -28,7 +28,6 @@ from mainspring.transport.messages import (
     Bye,
     Hello,
     Message,
-    ModelInfo,
     ModelOp,
     ModelReply,
     Ping,
@@ -38,7 +37,7 @@ from mainspring.transport.messages import (
     encode,
     metas_of,
 )
-from mainspring.worker.api import Worker
+from mainspring.worker.api import Worker, model_info
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +121,7 @@ class WorkerConnection:
             os.close(self._wake_write)
 
     def _hello(self) -> Hello:
-        configs = self.worker.configs()
-        models = [ModelInfo(configs[m], p.to_json()) for m, p in self.worker.profiles().items()]
+        models = [model_info(self.worker, m) for m in self.worker.profiles()]
         return Hello(self.name, list(self.worker.devices), models, dict(self.worker.load_errors))
 
     def _handle(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
@@ -142,9 +140,8 @@ class WorkerConnection:
     def _model_op(self, op: ModelOp) -> None:
         try:
             if op.op == "load":
-                profile = self.worker.register(op.model)
-                info = ModelInfo(self.worker.configs()[op.model], profile.to_json())
-                self._send_later(ModelReply(op.op_id, op.model, info=info))
+                self.worker.register(op.model)
+                self._send_later(ModelReply(op.op_id, op.model, info=model_info(self.worker, op.model)))
             elif op.op == "unload":
                 self.worker.unregister(op.model)
                 self._send_later(ModelReply(op.op_id, op.model))

@@ -76,6 +76,7 @@ class TorchWorker:
             raise ValueError(f"one worker serves one device kind, got {sorted(kinds)}")
         self.kind = kinds.pop()
         self._models: dict[str, tuple[ModelConfig, ModelProfile]] = {}
+        self._versions: dict[str, int] = {}
         self._lock = threading.Lock()
         self.load_errors: dict[str, str] = {}
         for model in repo.models() if models is None else models:
@@ -94,6 +95,9 @@ class TorchWorker:
 
     def configs(self) -> Mapping[str, ModelConfig]:
         return {name: config for name, (config, _) in self._models.items()}
+
+    def version_of(self, model: str) -> int:
+        return self._versions[model]
 
     def resident_models(self, device: int = 0) -> frozenset[str]:
         return self._devices[device].resident_models
@@ -123,6 +127,7 @@ class TorchWorker:
                 ) from error
             profile = self._stored_profile(model, version) or self._measured_profile(host, timings)
             self._models[model] = (config, profile)
+            self._versions[model] = self.repo.latest_version(model) if version is None else version
             self.load_errors.pop(model, None)
             log.info(
                 "serving %s (%d tensors, %.1f MB, %d pages)",

@@ -1,0 +1,80 @@
+"""The live controller service and data plane with an in-process emulated worker (echo models, real time)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+import pytest
+
+from mainspring.controller.service import ControllerService
+from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor
+from mainspring.protocol import DeviceSpec
+from mainspring.transport.inprocess import InProcessWorker
+from mainspring.worker.api import EmulatedWorker
+from mainspring.worker.runtimes.emulated import NoiseModel
+from tests.fakes import profile
+
+
+def with_service(test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]]) -> None:
+    async def scenario() -> None:
+        service = ControllerService(default_slo_ms=500)
+        profiles = {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in ("a", "b")}
+        specs = [DeviceSpec(0, "v100"), DeviceSpec(1, "v100")]
+        handle = InProcessWorker(
+            "emulated", lambda sink: EmulatedWorker(specs, profiles, sink, NoiseModel.exact()), service,
+            asyncio.get_running_loop(),
+        )  # fmt: skip
+        handle.join()
+        try:
+            await test(service, DataPlane(service), handle)
+        finally:
+            await service.drain(1.0)
+
+    asyncio.run(scenario())
+
+
+def tensor(values: np.ndarray) -> Tensor:
+    return Tensor("input", "FP32", list(values.shape), values)
+
+
+def test_a_request_of_n_samples_is_n_requests_answered_together() -> None:
+    async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
+        assert plane.ready() and service.device_count == 2 and sorted(service.models) == ["a", "b"]
+        values = np.arange(15, dtype=np.float32).reshape(5, 3)
+        served, outputs = await plane.infer("a", None, [tensor(values)], None, {})
+        assert served.version == 1 and outputs[0].name == "output"
+        np.testing.assert_array_equal(outputs[0].data, values)  # the echo model, samples back in order
+        stats = plane.model_stats("a")["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] == 5 and stats["execution_count"] >= 2
+
+    with_service(test)
+
+
+def test_errors_of_the_data_plane() -> None:
+    async def test(service: ControllerService, plane: DataPlane, handle: InProcessWorker) -> None:
+        one = tensor(np.ones((1, 3), np.float32))
+        with pytest.raises(InferenceError, match="unknown model 'z'") as unknown:
+            await plane.infer("z", None, [one], None, {})
+        assert unknown.value.status == 404
+        with pytest.raises(InferenceError, match="no version '2'"):
+            await plane.infer("a", "2", [one], None, {})
+        with pytest.raises(InferenceError, match="deadline cannot be met") as rejected:
+            await plane.infer("a", None, [one], None, {"slo_ms": 0.5})  # the fastest batch takes 1 ms
+        assert rejected.value.status == 503
+        with pytest.raises(InferenceError, match="fixed set") as refused:
+            await plane.load("c")
+        assert refused.value.status == 400
+        await plane.unload("b")
+        assert not plane.model_ready("b") and plane.model_ready("a")
+        with pytest.raises(InferenceError) as gone:
+            await plane.infer("b", None, [one], None, {})
+        assert gone.value.status == 404
+        service.on_lost(handle)
+        assert not plane.ready()
+        with pytest.raises(InferenceError, match="no worker is connected") as no_worker:
+            await plane.infer("a", None, [one], None, {})
+        assert no_worker.value.status == 503
+
+    with_service(test)

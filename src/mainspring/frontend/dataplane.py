@@ -242,7 +242,8 @@ def _status_of(status: ResponseStatus, reason: str) -> int:
         return 503  # refused on arrival: the deadline cannot be met
     if status is ResponseStatus.TIMED_OUT:
         return 504
-    return 503 if "no worker" in reason or "shutting down" in reason else 500
+    unavailable = ("no worker", "shutting down", "was unloaded", "was lost")
+    return 503 if any(phrase in reason for phrase in unavailable) else 500
 
 
 def decode_tensor(name: str, datatype: str, shape: Any, data: Any, raw: bytes | None) -> Tensor:

@@ -126,30 +126,46 @@ def test_infer_refusals_name_the_problem(worker: TorchWorker, results: Results) 
 def test_load_runs_beside_an_inference_on_its_own_lane(worker: TorchWorker, results: Results) -> None:
     assert run(worker, results, results.load("resnet18")).status is ActionStatus.OK
     samples = sample_inputs(worker.configs()["resnet18"], 8)
-    infer = results.infer("resnet18", 8, 8)
-    worker.submit(infer, samples)
-    load = results.load("bert_tiny", start_in_ms=2)
+    infers = [results.infer("resnet18", 8, 8, start_in_ms=20) for _ in range(3)]  # back to back on the exec lane
+    load = results.load("bert_tiny", start_in_ms=25)
+    for infer in infers:
+        worker.submit(infer, samples)
     worker.submit(load)
-    infer_result, load_result = results.wait(infer.action_id), results.wait(load.action_id)
-    assert infer_result.status is load_result.status is ActionStatus.OK
-    assert load_result.timing.begin_ns < infer_result.timing.end_ns, "the load waited for the inference"
-    assert load_result.timing.end_ns > infer_result.timing.begin_ns
+    done = [results.wait(infer.action_id) for infer in infers]
+    loaded = results.wait(load.action_id)
+    assert loaded.status is ActionStatus.OK and all(r.status is ActionStatus.OK for r in done)
+    assert loaded.timing is not None and done[-1].timing is not None
+    assert loaded.timing.begin_ns < done[-1].timing.begin_ns, "the load waited for the inferences"
 
 
 def test_an_evict_during_an_inference_turns_it_into_an_error_not_wrong_outputs(
     worker: TorchWorker, results: Results
 ) -> None:
-    assert run(worker, results, results.load("resnet18")).status is ActionStatus.OK
+    """Both actions are queued ahead, the evict 5 ms after the inference starts; on a busy machine a lane may
+    wake late, so the scenario repeats: an inference never returns outputs if its weights went away meanwhile,
+    and at least one attempt overlaps."""
     samples = sample_inputs(worker.configs()["resnet18"], 8)
-    infer = results.infer("resnet18", 8, 8)
-    worker.submit(infer, samples)
-    evict = results.evict("resnet18", start_in_ms=3)
-    worker.submit(evict)
-    assert results.wait(evict.action_id).status is ActionStatus.OK
-    result = results.wait(infer.action_id)
-    if result.timing is not None and result.timing.end_ns < results.wait(evict.action_id).timing.begin_ns:
-        pytest.skip("the inference finished before the evict began (machine much faster than expected)")
-    assert result.status is ActionStatus.ERROR and "evicted" in result.message and result.outputs is None
+    outcomes = []
+    for _ in range(8):
+        assert run(worker, results, results.load("resnet18")).status is ActionStatus.OK
+        infer = results.infer("resnet18", 8, 8, start_in_ms=20)
+        evict = results.evict("resnet18", start_in_ms=25)
+        worker.submit(infer, samples)
+        worker.submit(evict)
+        evicted, result = results.wait(evict.action_id), results.wait(infer.action_id)
+        assert evicted.status is ActionStatus.OK and evicted.timing is not None
+        if result.status is ActionStatus.OK:
+            assert result.timing is not None and result.timing.end_ns <= evicted.timing.begin_ns, (
+                "outputs of evicted weights"
+            )
+            outcomes.append("finished first")
+        elif result.status is ActionStatus.NOT_RESIDENT:
+            outcomes.append("evicted first")
+        else:
+            assert result.status is ActionStatus.ERROR and "evicted" in result.message and result.outputs is None
+            outcomes.append("overlapped")
+            break
+    assert "overlapped" in outcomes, outcomes
 
 
 @pytest.fixture

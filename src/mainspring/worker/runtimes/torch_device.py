@@ -175,7 +175,7 @@ class TorchDevice:
         for _ in range(max(1, self.settings.warmup_runs) + 1):
             begin = self._clock.now_ns()
             outputs = self._forward(binding, None, batch, samples)
-            _ = [o.cpu().numpy() for o in outputs]
+            self._to_host(outputs)
             self._synchronize()
             durations.append(self._clock.now_ns() - begin)
         _check_outputs(binding.model.config, outputs, batch)
@@ -232,8 +232,7 @@ class TorchDevice:
         assert samples is not None
 
         def infer() -> list[np.ndarray[Any, Any]]:
-            outputs = self._forward(binding, residency, action.batch_size, samples)
-            return [o.cpu().numpy() for o in outputs]
+            return self._to_host(self._forward(binding, residency, action.batch_size, samples))
 
         timing, arrays = self._timed(self._exec_stream, infer)
         if self._resident.get(action.model) is not residency:
@@ -261,6 +260,11 @@ class TorchDevice:
                 graph[0].replay()
                 return graph[1]
             return _as_tuple(binding.module(*buffers))
+
+    def _to_host(self, outputs: tuple[torch.Tensor, ...]) -> list[np.ndarray[Any, Any]]:
+        """Copy outputs to host memory on the exec stream (after the kernels that wrote them)."""
+        with torch.cuda.stream(self._exec_stream) if self._exec_stream else _nothing():
+            return [o.cpu().numpy() for o in outputs]
 
     def _views(self, model: HostModel, pages: list[int]) -> tuple[torch.Tensor, ...]:
         views: list[torch.Tensor | None] = [None] * len(model.host)
@@ -292,7 +296,8 @@ class TorchDevice:
                 graph = torch.cuda.CUDAGraph()
                 with torch.inference_mode(), torch.cuda.stream(self._load_stream):
                     _as_tuple(binding.module(*buffers))  # first run outside the graph (lazy initialisation)
-                    with torch.cuda.graph(graph, stream=self._load_stream):
+                    # thread_local: the exec lane keeps running other models' kernels during the capture
+                    with torch.cuda.graph(graph, stream=self._load_stream, capture_error_mode="thread_local"):
                         outputs = _as_tuple(binding.module(*buffers))
                 residency.graphs[batch] = (graph, outputs)
             except RuntimeError as error:

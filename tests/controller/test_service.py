@@ -31,6 +31,7 @@ def with_service(test: Callable[[ControllerService, DataPlane, InProcessWorker],
             await test(service, DataPlane(service), handle)
         finally:
             await service.drain(1.0)
+            handle.close("test over")  # also when the test declared it lost
 
     asyncio.run(scenario())
 

@@ -41,7 +41,7 @@ class InProcessWorker:
         self._events.on_join(self, list(self.worker.devices), models, dict(self.worker.load_errors))
 
     def _from_worker_thread(self, result: ActionResult) -> None:
-        if not self.closed:
+        if not self.closed and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._events.on_result, self, result)
 
     def send_action(self, action: Action, inputs: list[Any] | None) -> None:
@@ -63,5 +63,6 @@ class InProcessWorker:
         self._loop.call_soon_threadsafe(self._events.on_model_reply, self, reply)
 
     def close(self, reason: str) -> None:
-        self.closed = True
-        self.worker.close()
+        if not self.closed:
+            self.closed = True
+            self.worker.close()

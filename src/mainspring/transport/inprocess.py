@@ -8,6 +8,7 @@ Note that a torch worker here shares the interpreter (and its GIL) with the cont
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -41,7 +42,9 @@ class InProcessWorker:
         self._events.on_join(self, list(self.worker.devices), models, dict(self.worker.load_errors))
 
     def _from_worker_thread(self, result: ActionResult) -> None:
-        if not self.closed and not self._loop.is_closed():
+        if self.closed:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for this result
             self._loop.call_soon_threadsafe(self._events.on_result, self, result)
 
     def send_action(self, action: Action, inputs: list[Any] | None) -> None:

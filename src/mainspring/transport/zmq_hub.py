@@ -62,7 +62,9 @@ class RemoteWorker:
         self._hub.send(self, ModelOp(op_id, op, model))
 
     def close(self, reason: str) -> None:
+        """Say bye and stop pinging: the worker leaves on its own, which is not a loss."""
         self._hub.send(self, Bye(reason))
+        self._hub.forget(self)
 
 
 class WorkerHub:
@@ -99,7 +101,7 @@ class WorkerHub:
 
     async def close(self, reason: str = "controller shutting down") -> None:
         for worker in list(self._workers.values()):
-            self.send(worker, Bye(reason))
+            worker.close(reason)
         await asyncio.sleep(0.05)  # let the byes leave
         for task in self._tasks:
             task.cancel()
@@ -169,6 +171,9 @@ class WorkerHub:
                     self._lose(worker)
                 else:
                     self.send(worker, Ping(now))
+
+    def forget(self, worker: RemoteWorker) -> None:
+        self._workers.pop(worker.identity, None)
 
     def _lose(self, worker: RemoteWorker) -> None:
         self._workers.pop(worker.identity, None)

@@ -10,6 +10,7 @@ outstanding (up to ``drain_s``), say bye to the workers, wait for the local ones
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
@@ -149,7 +150,8 @@ class Server:
         )  # fmt: skip
         await self.hub.start()
         plane = DataPlane(self.service, self.repo)
-        self._runner = web.AppRunner(make_app(plane), access_log=None)
+        # Requests were answered by the drain; idle connections must not hold the shutdown for aiohttp's 60 s.
+        self._runner = web.AppRunner(make_app(plane), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, config.host, config.http_port).start()
         from mainspring.frontend.grpc import start_grpc
@@ -217,6 +219,7 @@ class Server:
 
 def run_server(config: ServeConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints every thread's stack
     try:
         asyncio.run(Server(config).serve_until_stopped())
     except (RuntimeError, OSError) as error:

@@ -208,3 +208,25 @@ def test_metrics_stats_and_openapi(server: ServerProcess, http: httpclient.Infer
     document = json.loads(body)
     assert status == 200 and document["openapi"].startswith("3.")
     assert "/v2/models/{model}/infer" in document["paths"] and "/metrics" in document["paths"]
+
+
+def test_grpc_typed_contents_and_http_nested_json(server: ServerProcess) -> None:
+    import grpc as grpclib
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    data = inputs_for("mlp", 2, seed=9)
+    expected = reference("mlp", data)
+    with grpclib.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.ModelInferRequest(model_name="mlp")
+        tensor = request.inputs.add(name="input", datatype="FP32", shape=[2, 256])
+        tensor.contents.fp32_contents.extend(data.ravel().tolist())
+        reply = stub.ModelInfer(request, timeout=60)
+    got = np.frombuffer(reply.raw_output_contents[0], dtype=np.float32).reshape(list(reply.outputs[0].shape))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    nested = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [2, 256], "data": data.tolist()}]}
+    status, body = http_call(f"http://{server.http}/v2/models/mlp/infer", json.dumps(nested).encode())
+    assert status == 200
+    output = json.loads(body)["outputs"][0]
+    assert output["shape"] == [2, 10]
+    np.testing.assert_allclose(np.array(output["data"]).reshape(2, 10), expected, rtol=1e-4, atol=1e-4)

@@ -39,7 +39,7 @@ def variants() -> dict[str, ExecSettings]:
     return {
         "default (1 thread, inference_mode)": default,
         f"torch's threads ({os.cpu_count()})": dataclasses.replace(default, intra_op_threads=os.cpu_count()),
-        "exec thread pinned": dataclasses.replace(default, pin_exec_thread=True),
+        "exec thread pinned": dataclasses.replace(default, pin_core=0),
         "no_grad, not inference_mode": dataclasses.replace(default, inference_mode=False),
     }
 

@@ -23,6 +23,12 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--slo-ms", type=float, help="default SLO in ms (default 100)")
     p.add_argument("--devices", help="local devices, comma-separated (default: every CUDA GPU, else cpu)")
     p.add_argument("--pool-mib", type=int, help="weight pool per device in MiB")
+    p.add_argument(
+        "--pin-cpu-workers",
+        action="store_true",
+        default=None,
+        help="pin each local CPU worker's exec thread to its own core",
+    )
 
 
 def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +39,7 @@ def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--pool-mib", type=int, help="weight pool in MiB (default: 2048 on cpu, half the GPU)")
     p.add_argument("--name", help="worker name (default host:pid)")
     p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
+    p.add_argument("--pin-core", type=int, help="pin the exec lane's thread to this CPU core")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -51,6 +58,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "slo_ms",
             "devices",
             "pool_mib",
+            "pin_cpu_workers",
         )
     }
     return run_server(load_config(args.config, dict(os.environ), flags))
@@ -60,13 +68,17 @@ def run_worker(args: argparse.Namespace) -> int:
     from mainspring.models.repository import ModelRepository
     from mainspring.worker.pages import MIB
     from mainspring.worker.process import WorkerConnection
+    from mainspring.worker.runtimes.torch_device import ExecSettings
     from mainspring.worker.torch_worker import TorchWorker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     repo = ModelRepository(args.repo)
     pool = args.pool_mib * MIB if args.pool_mib else None
+    settings = ExecSettings(pin_core=args.pin_core)
     connection = WorkerConnection(
-        args.controller, lambda sink: TorchWorker(repo, sink, [args.device], pool_bytes=pool), name=args.name
+        args.controller,
+        lambda sink: TorchWorker(repo, sink, [args.device], pool_bytes=pool, settings=settings),
+        name=args.name,
     )
     signal.signal(signal.SIGTERM, lambda *_: connection.stop())
     signal.signal(signal.SIGINT, lambda *_: connection.stop())

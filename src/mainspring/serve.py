@@ -50,6 +50,7 @@ class ServeConfig:
     slo_ms: float = 100.0
     devices: str = ""  # comma-separated; default every CUDA GPU, else "cpu"
     pool_mib: int = 0  # per device; 0 = the runtime's default
+    pin_cpu_workers: bool = False  # pin each local CPU worker's exec thread to its own core (the last ones)
     heartbeat_s: float = 0.1
     worker_timeout_s: float = 2.0
     drain_s: float = 5.0
@@ -98,14 +99,25 @@ def load_config(file: Path | None, environ: dict[str, str], flags: dict[str, Any
         if key.startswith(ENV_PREFIX) and key != f"{ENV_PREFIX}HOME":
             values[_field(key[len(ENV_PREFIX) :].lower(), known, f"environment variable {key}")] = value
     values.update({k: v for k, v in flags.items() if v is not None})
-    converted = {}
+    converted: dict[str, Any] = {}
     for key, value in values.items():
         kind = type(getattr(ServeConfig(), key))
         try:
-            converted[key] = kind(value)
+            converted[key] = _boolean(value) if kind is bool else kind(value)
         except (TypeError, ValueError):
             raise ValueError(f"setting {key}={value!r} is not a {kind.__name__}") from None
     return replace(ServeConfig(), **converted)
+
+
+def _boolean(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
 
 
 def _field(key: str, known: dict[str, Any], where: str) -> str:
@@ -171,6 +183,8 @@ class Server:
                        "--parent-pid", str(os.getpid())]  # fmt: skip
             if self.config.pool_mib:
                 command += ["--pool-mib", str(self.config.pool_mib)]
+            if self.config.pin_cpu_workers and device == "cpu":
+                command += ["--pin-core", str(-1 - index)]  # from the last core down; the controller keeps core 0
             self._processes.append(subprocess.Popen(command))
 
     async def _wait_for_workers(self, count: int) -> None:

@@ -20,9 +20,10 @@ from tests.serving.processes import free_port, http_call
 def test_settings_come_from_file_then_environment_then_flags(tmp_path: Path) -> None:
     file = tmp_path / "serve.toml"
     file.write_text('[serve]\nhttp_port = 9000\npolicy = "triton"\nslo_ms = 50\n')
-    env = {"MAINSPRING_HTTP_PORT": "9100", "MAINSPRING_GRPC_PORT": "9101", "HOME": "/x"}
-    config = load_config(file, env, {"grpc_port": 9201, "repo": None})
+    env = {"MAINSPRING_HTTP_PORT": "9100", "MAINSPRING_GRPC_PORT": "9101", "MAINSPRING_PIN_CPU_WORKERS": "no"}
+    config = load_config(file, env, {"grpc_port": 9201, "repo": None, "pin_cpu_workers": None})
     assert config == ServeConfig(http_port=9100, grpc_port=9201, policy="triton", slo_ms=50.0)
+    assert load_config(None, {"MAINSPRING_PIN_CPU_WORKERS": "on"}, {}).pin_cpu_workers
     assert load_config(None, {}, {}) == ServeConfig()
 
 
@@ -33,6 +34,7 @@ def test_settings_come_from_file_then_environment_then_flags(tmp_path: Path) -> 
         ({"MAINSPRING_POLICY": "fifo"}, "policy='fifo' is not one of"),
         ({"MAINSPRING_COLOUR": "red"}, "environment variable MAINSPRING_COLOUR: unknown setting 'colour'"),
         ({"MAINSPRING_WORKERS": "ray"}, "workers='ray' must be 'local' or 'tcp'"),
+        ({"MAINSPRING_PIN_CPU_WORKERS": "maybe"}, "pin_cpu_workers='maybe' is not a bool"),
     ],
 )
 def test_bad_settings_name_the_setting(env: dict[str, str], message: str) -> None:

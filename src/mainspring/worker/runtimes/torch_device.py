@@ -48,7 +48,7 @@ class ExecSettings:
     """What makes CPU execution predictable; each measured by ``benchmarks/cpu_exec_settings.py``."""
 
     intra_op_threads: int | None = 1  # None leaves torch's default (all cores)
-    pin_exec_thread: bool = False
+    pin_core: int | None = None  # pin the exec lane's thread to this CPU core (one core per worker on a host)
     inference_mode: bool = True
     warmup_runs: int = 3
     cuda_graphs: bool = True
@@ -121,7 +121,7 @@ class TorchDevice:
         self._resident: dict[str, Residency] = {}
         self._exec_stream = _stream(torch_device) if self._cuda else None
         self._load_stream = _stream(torch_device) if self._cuda else None
-        pin = _pin_to_core(spec.device) if settings.pin_exec_thread else None
+        pin = _pin_to_core(settings.pin_core) if settings.pin_core is not None else None
         self._exec_lane = Lane(f"exec-{spec.device}", clock, self._run_exec, sink, on_thread_start=pin)
         self._load_lane = Lane(f"load-{spec.device}", clock, self._run_load, sink)
 
@@ -378,10 +378,10 @@ def _timing_event() -> torch.cuda.Event:
     return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
 
-def _pin_to_core(device: int) -> Callable[[], None]:
+def _pin_to_core(core: int) -> Callable[[], None]:
     def pin() -> None:
         cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[device % len(cores)]})
+        os.sched_setaffinity(0, {cores[core % len(cores)]})  # the calling thread only (Linux)
 
     return pin
 

@@ -89,13 +89,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200, help="requests per phase and round")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--serve-args", default="", help="extra flags for mainspring serve, e.g. --pin-cpu-workers")
     args = parser.parse_args()
     models = args.models.split(",")
     folder = Path(tempfile.mkdtemp())
     repo = ModelRepository(folder)
     for model in models:
         export_zoo_model(repo, model)
-    server = ServerProcess(folder, folder / "server.log", "--slo-ms", "10000")
+    server = ServerProcess(folder, folder / "server.log", "--slo-ms", "10000", *args.serve_args.split())
     try:
         server.wait_ready()
         runner = ActionRunner()

@@ -101,7 +101,11 @@ def test_hub_translates_windows_into_a_shifted_worker_clock(small_zoo: ModelRepo
         now = controller.now_ns()
         load = await run(LoadWeights(1, 0, "mlp", now + 20 * NS_PER_MS, now + NS_PER_S, 0))
         assert load.status is ActionStatus.OK, load.message  # untranslated, the window would have closed 4 s ago
-        assert load.timing is not None and now + 19 * NS_PER_MS <= load.timing.begin_ns <= controller.now_ns()
+        # Within the error of the offset estimate (half the asymmetry of one round trip right after joining).
+        assert (
+            load.timing is not None
+            and now + 15 * NS_PER_MS <= load.timing.begin_ns <= controller.now_ns() + 5 * NS_PER_MS
+        )
         samples = sample_inputs(small_zoo.config("mlp"), 2)
         now = controller.now_ns()
         infer = await run(Infer(2, 0, "mlp", now, now + NS_PER_S, 0, (1, 2), 2), samples)

@@ -108,13 +108,15 @@ class Controller:
             self._pending_wakeup_ns = None
         self._pump(now)
 
-    def remove_device(self, device: int, membership: Membership) -> None:
+    def remove_device(self, device: int) -> None:
         """The device is gone: forget its in-flight actions and let the policy reschedule their requests."""
+        if not isinstance(self._scheduler, Membership):
+            raise TypeError(f"policy {type(self._scheduler).__name__} cannot lose a device")
         now = self._clock.now_ns()
         for action_id in [a for a, action in self._in_flight.items() if action.device == device]:
             del self._in_flight[action_id]
             self._lost_actions.add(action_id)
-        membership.remove_device(device, now)
+        self._scheduler.remove_device(device, now)
         self._pump(now)
 
     def pump(self) -> None:

@@ -176,7 +176,7 @@ class ControllerService:
         for global_id in self._devices_of.pop(key, []):
             del self._links[global_id]
             self._global_id = {k: v for k, v in self._global_id.items() if v != global_id}
-            self.controller.remove_device(global_id, self._membership)
+            self.controller.remove_device(global_id)
         for op in list(self._ops.values()):
             op.waiting.discard(key)
             self._maybe_finish(op)

@@ -19,7 +19,7 @@ import mainspring
 from mainspring.controller.service import ControllerService, ServedModel, ServiceError
 from mainspring.models.repository import ModelLoadError, ModelRepository
 from mainspring.protocol import ResponseStatus
-from mainspring.protocol.tensors import DATATYPES
+from mainspring.protocol.tensors import DATATYPES, shape_matches
 from mainspring.time import NS_PER_MS, NS_PER_US
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "parameters"]
@@ -199,11 +199,10 @@ class DataPlane:
                 raise InferenceError(
                     400, f"input {tensor.name!r}: datatype {tensor.datatype} does not match {spec.datatype}"
                 )
-            pattern = spec.shape
-            if len(tensor.shape) != len(pattern) or any(
-                p not in (-1, s) for p, s in zip(pattern, tensor.shape, strict=True)
-            ):
-                raise InferenceError(400, f"input {tensor.name!r}: shape {tensor.shape} does not match {list(pattern)}")
+            if not shape_matches(spec.shape, tensor.shape):
+                raise InferenceError(
+                    400, f"input {tensor.name!r}: shape {tensor.shape} does not match {list(spec.shape)}"
+                )
             if tensor.shape[0] < 1:
                 raise InferenceError(400, f"input {tensor.name!r}: the batch dimension must be at least 1")
             batches.add(tensor.shape[0])

@@ -69,13 +69,13 @@ class WorkerConnection:
             os.write(self._wake_write, b"x")
 
     def _on_result(self, result: ActionResult) -> None:
+        # Outputs travel as tensor frames, not inside the header.
+        bare = ActionResult(result.action_id, result.device, result.status, result.timing, result.message)
         outputs = result.outputs
         if outputs is not None and all(isinstance(o, dict) for o in outputs):
             samples: list[Any] = list(outputs)
-            bare = ActionResult(result.action_id, result.device, result.status, result.timing, result.message)
             self._send_later(Result(bare, metas_of(samples)), samples)
         else:
-            bare = ActionResult(result.action_id, result.device, result.status, result.timing, result.message)
             self._send_later(Result(bare))
 
     def stop(self) -> None:

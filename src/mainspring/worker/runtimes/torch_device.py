@@ -11,6 +11,7 @@ evicted or reloaded meanwhile) reports an error instead of outputs that may be w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -251,7 +252,7 @@ class TorchDevice:
         self, binding: _Binding, residency: Residency | None, batch: int, samples: Sequence[Sample] = ()
     ) -> tuple[torch.Tensor, ...]:
         buffers = binding.inputs[batch]
-        with self._inference(), torch.cuda.stream(self._exec_stream) if self._exec_stream else _nothing():
+        with self._inference(), _on(self._exec_stream):
             for i, sample in enumerate(samples):
                 for spec, buffer in zip(binding.model.config.inputs, buffers, strict=True):
                     buffer[i : i + 1].copy_(torch.from_numpy(sample[spec.name]), non_blocking=self._cuda)
@@ -263,7 +264,7 @@ class TorchDevice:
 
     def _to_host(self, outputs: tuple[torch.Tensor, ...]) -> list[np.ndarray[Any, Any]]:
         """Copy outputs to host memory on the exec stream (after the kernels that wrote them)."""
-        with torch.cuda.stream(self._exec_stream) if self._exec_stream else _nothing():
+        with _on(self._exec_stream):
             return [o.cpu().numpy() for o in outputs]
 
     def _views(self, model: HostModel, pages: list[int]) -> tuple[torch.Tensor, ...]:
@@ -279,7 +280,7 @@ class TorchDevice:
         return tuple(v for v in views if v is not None)
 
     def _copy(self, views: Sequence[torch.Tensor], host: Sequence[torch.Tensor]) -> None:
-        with torch.no_grad(), torch.cuda.stream(self._load_stream) if self._load_stream else _nothing():
+        with torch.no_grad(), _on(self._load_stream):
             for view, tensor in zip(views, host, strict=True):
                 view.copy_(tensor, non_blocking=self._cuda)
 
@@ -386,9 +387,6 @@ def _pin_to_core(core: int) -> Callable[[], None]:
     return pin
 
 
-class _nothing:  # noqa: N801 - a no-op context manager, cheaper than contextlib.nullcontext in the hot path
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        return None
+def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[object]:
+    """Work issued inside runs on ``stream`` (CUDA); nothing changes on the CPU."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()

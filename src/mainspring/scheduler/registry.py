@@ -12,11 +12,13 @@ from mainspring.scheduler.baselines.clipper import ClipperScheduler
 from mainspring.scheduler.baselines.reactive import ReactiveConfig
 from mainspring.scheduler.baselines.triton import TritonScheduler
 from mainspring.scheduler.clockwork import ClockworkConfig, ClockworkScheduler
+from mainspring.scheduler.infer4 import Infer4Scheduler
 
 SchedulerFactory = Callable[[Mapping[str, ModelProfile], Sequence[DeviceSpec], random.Random], Scheduler]
 
 _FACTORIES: dict[str, SchedulerFactory] = {
     "clockwork": lambda profiles, devices, rng: ClockworkScheduler(profiles, devices, ClockworkConfig(), rng),
+    "infer4": lambda profiles, devices, rng: Infer4Scheduler(profiles, devices, rng),
     "triton": lambda profiles, devices, rng: TritonScheduler(profiles, devices, ReactiveConfig()),
     "clipper": lambda profiles, devices, rng: ClipperScheduler(profiles, devices, ReactiveConfig()),
 }

@@ -51,12 +51,19 @@ class Estimator:
     profiled time (over the last 100 actions of every model on that kind).
     """
 
-    def __init__(self, profiles: Mapping[str, ModelProfile], window: int = 10, percentile: float = 99.0) -> None:
+    def __init__(
+        self,
+        profiles: Mapping[str, ModelProfile],
+        window: int = 10,
+        percentile: float = 99.0,
+        borrow_kind_ratio: bool = True,
+    ) -> None:
         if window < 1 or not 0 < percentile <= 100:
             raise ValueError(f"bad estimator settings: window={window}, percentile={percentile}")
         self._profiles = profiles
         self._window = window
         self._percentile = percentile
+        self._borrow = borrow_kind_ratio  # False: Clockwork's own estimator (profile until measured)
         self._exec: dict[tuple[str, int, str], RollingPercentile] = {}
         self._load: dict[tuple[str, str], RollingPercentile] = {}
         self._exec_ratio: dict[str, RollingPercentile] = {}
@@ -81,10 +88,11 @@ class Estimator:
             entry = table[kind] = RollingPercentile(PPM, KIND_WINDOW, self._percentile)
         return entry
 
-    @staticmethod
-    def _estimate(entry: RollingPercentile | None, ratio: RollingPercentile | None, profiled: int) -> int:
-        if entry is not None and entry.full:
+    def _estimate(self, entry: RollingPercentile | None, ratio: RollingPercentile | None, profiled: int) -> int:
+        if entry is not None and (entry.full or (entry.count and not self._borrow)):
             return entry.value
+        if not self._borrow:
+            return profiled
         corrected = profiled if ratio is None else profiled * ratio.value // PPM
         return corrected if entry is None or not entry.count else max(entry.value, corrected)
 

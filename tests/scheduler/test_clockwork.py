@@ -100,7 +100,7 @@ def test_a_late_result_shifts_the_predicted_free_time() -> None:
     now = warm(policy, "a")
     policy.on_request(request(1, "a", now), now)
     (infer,) = infers(policy.schedule(now))
-    lane = policy.devices[0].exec_lane
+    lane = policy.residency.devices[0].exec_lane
     assert lane.free_ns == now + 2 * MS
     policy.on_result(ok(infer.action_id, 0, now, now + 7 * MS), now + 7 * MS)  # 5 ms late
     assert lane.free_ns == now + 7 * MS
@@ -185,28 +185,26 @@ def hot_stream(policy: ClockworkScheduler, model: str, start: int, rate_per_ms: 
 def test_a_hot_model_gets_a_replica_on_another_device() -> None:
     policy = scheduler(devices=2)
     warm(policy, "a")
-    assert policy.holders["a"] == {0}
+    assert policy.residency.holders["a"] == {0}
     # Two requests a millisecond at 2 ms each: four devices' worth, for 400 ms.
     now = hot_stream(policy, "a", 12 * MS, 2, 400)
-    policy.schedule(now)  # nothing was served meanwhile: the queue expires
+    sent = policy.schedule(now).actions  # nothing was served meanwhile: most of the queue expires
     now += 10 * MS
     for i in range(30):  # more than device 0 plans within its horizon
         policy.on_request(request(i, "a", now, slo_ms=50), now)
-    decisions = policy.schedule(now)
-    (replica,) = [a for a in decisions.actions if isinstance(a, LoadWeights)]
+    sent += policy.schedule(now).actions
+    (replica,) = [a for a in sent if isinstance(a, LoadWeights)]
     assert replica.model == "a" and replica.device == 1
-    assert policy.holders["a"] == {0, 1}
+    assert policy.residency.holders["a"] == {0, 1}
 
 
 def test_load_priority_is_demand_minus_what_holders_serve() -> None:
-    from mainspring.scheduler.clockwork.loads import load_priorities
-
     policy = scheduler(devices=2)
     now = warm(policy, "a")
     now = warm(policy, "b", device=1, at=now)
     now = hot_stream(policy, "a", now, 2, 400)
     policy.on_request(request(99, "b", now, slo_ms=20), now)
-    priorities, device_load = load_priorities(policy, now)
+    priorities, device_load = policy.loads.load_priorities(now)
     assert device_load[0] > 1.0 > device_load[1]
     assert priorities["a"] > 0.3 and priorities["b"] == 0.0
 

@@ -18,7 +18,13 @@ class ClockworkConfig:
     ``min_share``: the share of its devices' time a model may always fill with queued
     work, however busy the other models are; beyond it a model only gets what the
     others' recent demand (remembered over ``rate_memory_ms``) leaves free. This is
-    what keeps a burst on one model from starving the rest."""
+    what keeps a burst on one model from starving the rest.
+    ``device_admission``: at arrival, count the work other models have queued on a device
+    (due no later) before this request, not only its own model's.
+    ``deadline_margin_ms``: plan every batch to end this long before its deadline, for the
+    result's trip back to the client (see ``docs/scheduler.md``).
+    ``demand_counts_rejected``: count rejected arrivals in a model's demand (off: clients that
+    resend rejected requests would inflate it)."""
 
     horizon_ms: float = 5.0
     window_slack_ms: float | None = None
@@ -33,6 +39,9 @@ class ClockworkConfig:
     lookahead: bool = True
     queue_demand: bool = True
     rate_memory_ms: float = 1000.0
+    device_admission: bool = False
+    deadline_margin_ms: float = 0.0
+    demand_counts_rejected: bool = True
 
     def __post_init__(self) -> None:
         problems = []
@@ -42,6 +51,8 @@ class ClockworkConfig:
             problems.append(f"window_slack_ms={self.window_slack_ms} must not be negative")
         if not 0 < self.min_share <= 1 or self.rate_memory_ms <= 0:
             problems.append(f"min_share={self.min_share} must lie in (0, 1], rate_memory_ms={self.rate_memory_ms} > 0")
+        if self.deadline_margin_ms < 0:
+            problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must not be negative")
         if self.max_batch_size < 1:
             problems.append(f"max_batch_size={self.max_batch_size} must be at least 1")
         if problems:
@@ -50,6 +61,10 @@ class ClockworkConfig:
     @property
     def horizon_ns(self) -> int:
         return ms_to_ns(self.horizon_ms)
+
+    @property
+    def deadline_margin_ns(self) -> int:
+        return ms_to_ns(self.deadline_margin_ms)
 
     @property
     def window_slack_ns(self) -> int:

@@ -1,154 +1,213 @@
-"""Cold starts: which model to load where, and what to evict for it.
+"""Cold starts and replicas: which model to load where, and what to evict for it.
 
-Demand of a model is the share of a device its recent arrivals asked for (a
-decaying sum of their batch-1 work; rejected requests count too, so a model
-throttled by admission still shows its need). Each device holding the model serves
-part of that demand; a device asked for more than all of its time serves every
-model proportionally less. Load priority = demand - what the holders serve
-(Clockwork's "demand minus capacity", comparing values, not pointers). Cold models
-(queued, held nowhere) are loaded first, the most urgent first; a positive priority
-above ``replica_min_demand`` earns a hot model a replica.
+Candidates come in tiers (``Tier``), loaded in that order on every device whose load
+lane frees within the horizon:
+
+1. ``COLD``: queued models held nowhere, the most urgent (latest possible load start) first;
+   each stands for requests that cannot be served at all without it.
+2. ``SPILL``: held models with requests admitted because a new replica could serve them
+   in time (``Admission.needs_replica``), the most urgent first.
+3. ``TURNED_AWAY``: models held nowhere whose requests were rejected at arrival (they could
+   not wait for a load); loaded when memory is idle so later requests find them, busiest first.
+4. ``REPLICA``: held models whose demand their holders cannot serve, by load priority
+   (demand minus what the holders serve, Clockwork's "demand minus capacity"), checked
+   every ``replication_check_ms``.
+
+Demand of a model is the share of a device its recent queued arrivals asked for; a device
+asked for more than all of its time serves each of its models proportionally less.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import enum
+from collections.abc import Callable
 
 from mainspring.scheduler.base import Decisions
+from mainspring.scheduler.clockwork.admission import Admission
+from mainspring.scheduler.clockwork.config import ClockworkConfig
+from mainspring.scheduler.clockwork.queues import RequestQueues
+from mainspring.scheduler.clockwork.residency import Residency
+from mainspring.scheduler.clockwork.shapes import BatchShapes
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.time import ms_to_ns
 
-if TYPE_CHECKING:
-    from mainspring.scheduler.clockwork.policy import ClockworkScheduler
+LoadIssuer = Callable[[DeviceState, str, list[str], int, Decisions], None]
+PageCount = Callable[[str, DeviceState], int]
 
 
-def plan_loads(s: ClockworkScheduler, now_ns: int, decisions: Decisions) -> None:
-    """On every device whose load lane frees within the horizon, load the model most in need.
-
-    Cold models (held nowhere) come first, the most urgent first: each stands for
-    requests that cannot be served at all without it. Replicas of hot models follow,
-    by load priority, checked every ``replication_check_ms``.
-    """
-    limit = now_ns + s.horizon_ns
-    free = [d for d in s.devices if d.load_lane.free_ns <= limit]
-    if not free:
-        return
-    candidates = sorted((_latest_load_start(s, model), model) for model in s.cold)
-    # Models whose requests could not wait for a load: loaded when memory is idle, busiest first.
-    candidates += sorted((NEVER - int(1e9 * s.model_demand(m, now_ns)), m) for m in s.turned_away)
-    device_load: dict[int, float] = {}
-    if now_ns - s.last_replication_check_ns >= ms_to_ns(s.config.replication_check_ms):
-        s.last_replication_check_ns = now_ns
-        priorities, device_load = load_priorities(s, now_ns)
-        threshold = s.config.replica_min_demand
-        replicas = sorted((-p, m) for m, p in priorities.items() if p >= threshold and m in s.holders)
-        candidates += [(NEVER, model) for _, model in replicas]
-    if not candidates:
-        return
-    free.sort(key=lambda d: d.load_lane.free_ns)
-    for device in free:
-        for index, (_, model) in enumerate(candidates):
-            replica = model in s.holders
-            prefetch = model not in s.queues
-            if device.holds(model) or (replica and device_load.get(device.spec.device, 0.0) >= 1.0):
-                continue
-            if not prefetch and not _can_help(s, device, model, now_ns):
-                continue
-            victims = eviction_victims(s, device, model, idle_only=replica or prefetch)
-            if victims is None:
-                continue
-            s.issue_load(device, model, victims, now_ns, decisions)
-            del candidates[index]
-            break
+class Tier(enum.IntEnum):
+    COLD = 0
+    SPILL = 1
+    TURNED_AWAY = 2
+    REPLICA = 3
 
 
-def _latest_load_start(s: ClockworkScheduler, model: str) -> int:
-    """Latest time a load of ``model`` may start and still serve its most urgent request.
+class LoadPlanner:
+    """Plans loads (with the evictions they need) on devices whose load lane is nearly free."""
 
-    Cached per head request: the order of cold loads is recomputed on every pass."""
-    head = s.queues[model].head()
-    if head is None:
-        return NEVER
-    cached = s.latest_load_start.get(model)
-    if cached is not None and cached[0] == head.id:
-        return cached[1]
-    kind = s.devices[0].kind
-    latest = head.deadline_ns - s.estimator.load_ns(model, kind) - s.fastest_ns(model, kind)
-    s.latest_load_start[model] = (head.id, latest)
-    return latest
+    def __init__(
+        self,
+        config: ClockworkConfig,
+        residency: Residency,
+        queues: RequestQueues,
+        shapes: BatchShapes,
+        admission: Admission,
+        pages: PageCount,
+    ) -> None:
+        self.config = config
+        self._residency = residency
+        self._queues = queues
+        self._shapes = shapes
+        self._admission = admission
+        self._pages = pages
+        self.turned_away: set[str] = set()  # models held nowhere whose requests were rejected
+        self._latest_start: dict[str, tuple[int, int]] = {}  # model -> (head request, latest load start)
+        self._last_replication_check_ns = -NEVER
 
+    def forget(self, model: str) -> None:
+        self.turned_away.discard(model)
+        self._latest_start.pop(model, None)
 
-def load_priorities(s: ClockworkScheduler, now_ns: int) -> tuple[dict[str, float], dict[int, float]]:
-    """Per queued model: its recent demand (share of a device its arrivals asked for)
-    minus what the devices holding it can give it; and the demand on each device.
+    def queue_closed(self, model: str) -> None:
+        self._latest_start.pop(model, None)
 
-    A device asked for more than all of its time (demand above 1.0) serves each of
-    its models proportionally less, so their priorities turn positive.
-    """
-    device_load = {d.spec.device: d.demand.value(now_ns) for d in s.devices}
-    wanted = {model: s.model_demand(model, now_ns) for model in s.queues}
-    priorities = _minus_served(s, wanted, device_load)
-    if s.config.queue_demand:
-        queued = {model: queue_demand(s, model, now_ns) for model in s.queues}
-        queue_load: dict[int, float] = {}
-        for model, demand in queued.items():
-            holders = s.holders.get(model, ())
-            for device_id in holders:
-                queue_load[device_id] = queue_load.get(device_id, 0.0) + demand / len(holders)
-        for model, p in _minus_served(s, queued, queue_load).items():
-            priorities[model] = max(priorities[model], p)
-        device_load = {d: max(load, queue_load.get(d, 0.0)) for d, load in device_load.items()}
-    return priorities, device_load
+    @property
+    def wanted(self) -> bool:
+        return bool(self._queues or self.turned_away)
 
+    def plan(self, now_ns: int, decisions: Decisions, issue: LoadIssuer) -> None:
+        """On every device whose load lane frees within the horizon, load the model most in need."""
+        limit = now_ns + self.config.horizon_ns
+        free = [d for d in self._residency.devices if d.load_lane.free_ns <= limit]
+        if not free:
+            return
+        candidates, device_load = self._candidates(now_ns)
+        if not candidates:
+            return
+        free.sort(key=lambda d: d.load_lane.free_ns)
+        for device in free:
+            for index, (tier, _, model) in enumerate(candidates):
+                if device.holds(model):
+                    continue
+                if tier is Tier.REPLICA and device_load.get(device.spec.device, 0.0) >= 1.0:
+                    continue
+                queued = model in self._queues
+                if queued and not self._can_help(device, model, now_ns):
+                    continue
+                idle_only = tier in (Tier.TURNED_AWAY, Tier.REPLICA) or not queued
+                victims = self.eviction_victims(device, model, idle_only=idle_only)
+                if victims is None:
+                    continue
+                issue(device, model, victims, now_ns, decisions)
+                self._admission.needs_replica.discard(model)
+                del candidates[index]
+                break
 
-def _minus_served(s: ClockworkScheduler, wanted: dict[str, float], device_load: dict[int, float]) -> dict[str, float]:
-    priorities = {}
-    for model, demand in wanted.items():
-        holders = s.holders.get(model, ())
-        served = sum(demand / len(holders) / max(1.0, device_load.get(d, 0.0)) for d in holders)
-        priorities[model] = demand - served
-    return priorities
+    def _candidates(self, now_ns: int) -> tuple[list[tuple[Tier, int, str]], dict[int, float]]:
+        """Every model worth loading, in load order, and the demand on each device (for replicas)."""
+        candidates = sorted((Tier.COLD, self._latest_load_start(m), m) for m in self._residency.cold)
+        spill = [m for m in self._admission.needs_replica if m in self._queues]
+        candidates += sorted((Tier.SPILL, self._latest_load_start(m), m) for m in spill)
+        kind = self._residency.kinds[0]
+        candidates += sorted(
+            (Tier.TURNED_AWAY, -int(1e9 * self._admission.model_demand(m, now_ns, kind)), m) for m in self.turned_away
+        )
+        device_load: dict[int, float] = {}
+        if now_ns - self._last_replication_check_ns >= ms_to_ns(self.config.replication_check_ms):
+            self._last_replication_check_ns = now_ns
+            priorities, device_load = self.load_priorities(now_ns)
+            threshold = self.config.replica_min_demand
+            ranked = sorted((-p, m) for m, p in priorities.items() if p >= threshold and m in self._residency.holders)
+            candidates += [(Tier.REPLICA, rank, model) for rank, (_, model) in enumerate(ranked)]
+        return candidates, device_load
 
+    def _latest_load_start(self, model: str) -> int:
+        """Latest time a load of ``model`` may start and still serve its most urgent request
+        (on the fastest kind). Cached per head request: the order is recomputed every pass."""
+        head = self._queues[model].head()
+        if head is None:
+            return NEVER
+        cached = self._latest_start.get(model)
+        if cached is not None and cached[0] == head.id:
+            return cached[1]
+        estimator = self._shapes.estimator
+        need = min(estimator.load_ns(model, k) + self._shapes.fastest_ns(model, k) for k in self._residency.kinds)
+        latest = head.deadline_ns - need
+        self._latest_start[model] = (head.id, latest)
+        return latest
 
-def queue_demand(s: ClockworkScheduler, model: str, now_ns: int) -> float:
-    """Share of one device the queued requests of a model need before their deadlines."""
-    queue = s.queues[model]
-    head = queue.head()
-    if head is None:
-        return 0.0
-    batch = s.padded(model, min(queue.count, s.batch_sizes(model)[-1]))
-    per_request = s.estimator.exec_ns(model, batch, s.devices[0].kind) / batch
-    slack = max((head.deadline_ns + queue.max_deadline_ns) / 2 - now_ns, per_request)
-    return queue.count * per_request / slack
+    # --- replicas -------------------------------------------------------------------------------
+    def load_priorities(self, now_ns: int) -> tuple[dict[str, float], dict[int, float]]:
+        """Per queued model: its recent demand (share of a device its arrivals asked for)
+        minus what the devices holding it can give it; and the demand on each device.
 
+        A device asked for more than all of its time (demand above 1.0) serves each of
+        its models proportionally less, so their priorities turn positive.
+        """
+        residency = self._residency
+        device_load = {d.spec.device: d.demand.value(now_ns) for d in residency.devices}
+        kind = residency.kinds[0]
+        models = self._queues.models()
+        wanted = {model: self._admission.model_demand(model, now_ns, kind) for model in models}
+        priorities = self._minus_served(wanted, device_load)
+        if self.config.queue_demand:
+            queued = {model: self.queue_demand(model, now_ns) for model in models}
+            queue_load: dict[int, float] = {}
+            for model, demand in queued.items():
+                holders = residency.holders.get(model, ())
+                for device_id in holders:
+                    queue_load[device_id] = queue_load.get(device_id, 0.0) + demand / len(holders)
+            for model, p in self._minus_served(queued, queue_load).items():
+                priorities[model] = max(priorities[model], p)
+            device_load = {d: max(load, queue_load.get(d, 0.0)) for d, load in device_load.items()}
+        return priorities, device_load
 
-def _can_help(s: ClockworkScheduler, device: DeviceState, model: str, now_ns: int) -> bool:
-    """Would a load started now on ``device`` finish in time for any queued request?"""
-    ready = max(now_ns, device.load_lane.free_ns) + s.estimator.load_ns(model, device.kind)
-    start = max(ready, device.exec_lane.free_ns)
-    smallest = s.batch_sizes(model)[0]
-    return start + s.estimator.exec_ns(model, smallest, device.kind) <= s.queues[model].max_deadline_ns
+    def _minus_served(self, wanted: dict[str, float], device_load: dict[int, float]) -> dict[str, float]:
+        priorities = {}
+        for model, demand in wanted.items():
+            holders = self._residency.holders.get(model, ())
+            served = sum(demand / len(holders) / max(1.0, device_load.get(d, 0.0)) for d in holders)
+            priorities[model] = demand - served
+        return priorities
 
+    def queue_demand(self, model: str, now_ns: int) -> float:
+        """Share of one device the queued requests of a model need before their deadlines."""
+        queue = self._queues[model]
+        head = queue.head()
+        if head is None:
+            return 0.0
+        batch = self._shapes.padded(model, min(queue.count, self._shapes.sizes(model)[-1]))
+        kind = self._residency.kinds[0]
+        per_request = self._shapes.estimator.exec_ns(model, batch, kind) / batch
+        slack = max((head.deadline_ns + queue.max_deadline_ns) / 2 - now_ns, per_request)
+        return queue.count * per_request / slack
 
-def eviction_victims(
-    s: ClockworkScheduler, device: DeviceState, model: str, idle_only: bool = False
-) -> list[str] | None:
-    """Models to evict so that ``model`` fits: least recently used without queued demand
-    first, then (unless ``idle_only``) least recently used; never one with work in
-    flight. None if impossible."""
-    need = s.pages_of(model, device.spec)
-    if device.free_pages >= need:
-        return []
-    if need > device.spec.total_pages:
-        return None
-    freed = device.free_pages
-    victims: list[str] = []
-    for idle_pass in (True,) if idle_only else (True, False):
-        for held in device.last_used:
-            if freed >= need:
-                return victims
-            if held in device.pinned or held in victims or (idle_pass and held in s.queues):
-                continue
-            victims.append(held)
-            freed += s.pages_of(held, device.spec)
-    return victims if freed >= need else None
+    # --- placement ------------------------------------------------------------------------------
+    def _can_help(self, device: DeviceState, model: str, now_ns: int) -> bool:
+        """Would a load started now on ``device`` finish in time for any queued request?"""
+        estimator = self._shapes.estimator
+        ready = max(now_ns, device.load_lane.free_ns) + estimator.load_ns(model, device.kind)
+        start = max(ready, device.exec_lane.free_ns)
+        finish = start + self._shapes.fastest_ns(model, device.kind) + self.config.deadline_margin_ns
+        return finish <= self._queues[model].max_deadline_ns
+
+    def eviction_victims(self, device: DeviceState, model: str, idle_only: bool = False) -> list[str] | None:
+        """Models to evict so that ``model`` fits: least recently used without queued demand
+        first, then (unless ``idle_only``) least recently used; never one with work in
+        flight. None if impossible."""
+        need = self._pages(model, device)
+        if device.free_pages >= need:
+            return []
+        if need > device.spec.total_pages:
+            return None
+        freed = device.free_pages
+        victims: list[str] = []
+        for idle_pass in (True,) if idle_only else (True, False):
+            for held in device.last_used:
+                if freed >= need:
+                    return victims
+                if held in device.pinned or held in victims or (idle_pass and held in self._queues):
+                    continue
+                victims.append(held)
+                freed += self._pages(held, device)
+        return victims if freed >= need else None

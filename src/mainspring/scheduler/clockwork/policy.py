@@ -1,15 +1,15 @@
-"""The Clockwork policy (INFER4), improved: predict, plan ahead, reject early.
+"""The Clockwork policy: predict, plan ahead, reject early.
 
 Pure: it never reads the clock (``now_ns`` is passed in), does no I/O, and its only
-randomness would come from the injected generator. One pass of ``schedule``:
-``_expire`` (reject what can no longer make it), ``_plan_infers`` per device whose
-exec lane frees within the horizon, ``_plan_loads`` for models whose demand the
-devices holding them cannot serve.
+randomness would come from the injected generator. A request is admitted or rejected at
+arrival (``Admission``) and queued per model (``RequestQueues``). One pass of ``schedule``:
+``_expire`` (reject what can no longer make it), ``_plan_infers`` on each device whose exec
+lane frees within the horizon, then ``LoadPlanner.plan`` for models that need a device.
+Where weights are, and which results are stale, is ``Residency``'s business.
 """
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,33 +28,37 @@ from mainspring.protocol import (
     ResponseStatus,
 )
 from mainspring.scheduler.base import Decisions
-from mainspring.scheduler.clockwork import membership
+from mainspring.scheduler.clockwork.admission import Admission
 from mainspring.scheduler.clockwork.config import ClockworkConfig
-from mainspring.scheduler.clockwork.estimator import DecayingRate, Estimator
-from mainspring.scheduler.clockwork.loads import plan_loads
-from mainspring.scheduler.clockwork.queues import ModelQueue
+from mainspring.scheduler.clockwork.estimator import Estimator
+from mainspring.scheduler.clockwork.loads import LoadPlanner
+from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
+from mainspring.scheduler.clockwork.residency import Residency
+from mainspring.scheduler.clockwork.shapes import BatchShapes
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.scheduler.common import PolicyBookkeeping
-from mainspring.time import NS_PER_S, ms_to_ns, ns_to_ms
+from mainspring.time import NS_PER_S, ms_to_ns
 
 EVICT_WINDOW_NS = 3600 * NS_PER_S  # an eviction is safe whenever it runs
+NO_GENERATION = 0  # evictions: their results change nothing
 
 
 class _Choice(NamedTuple):
-    """A candidate batch; ordered by slack (``deadline`` is its most urgent request's)."""
+    """A candidate batch; ordered by slack (the most urgent request's, after this batch)."""
 
-    slack: int
+    slack_ns: int
     model: str
-    start: int
+    start_ns: int
     n_requests: int
-    size: int
-    deadline: int
+    batch_size: int
+    deadline_ns: int  # of its most urgent request
 
 
 @dataclass(slots=True)
 class _Flight:
     action: Action
     requests: list[Request]
+    generation: int  # the model's residency the action was planned for
 
 
 class ClockworkScheduler(PolicyBookkeeping):
@@ -68,204 +72,139 @@ class ClockworkScheduler(PolicyBookkeeping):
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(profiles)
-        self.config = config or ClockworkConfig()
+        self.config = config = config or ClockworkConfig()
         self.rng = rng or random.Random(0)
-        self.estimator = Estimator(self.profiles, self.config.estimate_window, self.config.estimate_percentile)
-        self._rate_memory_ns = ms_to_ns(self.config.rate_memory_ms)
-        self.devices = [DeviceState(spec, self._rate_memory_ns) for spec in devices]
-        self._model_demand: dict[str, DecayingRate] = {}
-        self._device_by_id = {d.spec.device: d for d in self.devices}
-        self._kinds = sorted({d.kind for d in self.devices})
-        self.horizon_ns = self.config.horizon_ns
-        self._slack_ns = self.config.window_slack_ns
-        self.holders: dict[str, set[int]] = {}
-        self.queues: dict[str, ModelQueue] = {}
-        self.cold: set[str] = set()  # queued models that no device holds
-        self.turned_away: set[str] = set()  # models held nowhere whose requests were rejected
-        self.latest_load_start: dict[str, tuple[int, int]] = {}  # cold model -> (head request, time)
-        self._live: dict[int, Request] = {}
-        self._expiry: list[tuple[int, int, str]] = []
+        self.estimator = Estimator(self.profiles, config.estimate_window, config.estimate_percentile)
+        self.shapes = BatchShapes(self.profiles, self.estimator, config.max_batch_size)
+        self.residency = Residency(list(devices), ms_to_ns(config.rate_memory_ms))
+        self.queues = RequestQueues()
+        self.admission = Admission(config, self.residency, self.queues, self.shapes, self._idle_victims)
+        self.loads = LoadPlanner(config, self.residency, self.queues, self.shapes, self.admission, self._pages_on)
+        self.horizon_ns = config.horizon_ns
+        self._slack_ns = config.window_slack_ns
+        self._margin_ns = config.deadline_margin_ns
         self._in_flight: dict[int, _Flight] = {}
-        self._batch_sizes: dict[str, tuple[int, ...]] = {}
-        self.last_replication_check_ns = -NEVER
 
     # --- the contract ------------------------------------------------------------
     def on_request(self, request: Request, now_ns: int) -> None:
-        model = request.model
-        if self._refuse_unservable(request, (d.spec for d in self.devices)):
+        if self._refuse_unservable(request, (d.spec for d in self.residency.devices)):
             return
-        self._record_demand(model, now_ns)
-        earliest = self._admission_bound(request, now_ns)
-        if earliest > request.deadline_ns:
-            need = ns_to_ms(earliest - request.arrival_ns)
-            slo = ns_to_ms(request.slo_ns)
-            reason = f"deadline cannot be met: earliest completion {need:.2f} ms after arrival, SLO {slo:.2f} ms"
-            self._answer(request, ResponseStatus.REJECTED, reason)
-            if model not in self.holders:
-                self.turned_away.add(model)  # load it anyway, so that later requests can be served
-        elif self.config.share_admission and not self._within_share(request, now_ns):
-            reason = f"overloaded: requests queued for {model} already fill its share of the devices until the deadline"
-            self._answer(request, ResponseStatus.REJECTED, reason)
-        else:
+        model = request.model
+        if self.config.demand_counts_rejected:
+            self.admission.record(model, now_ns)
+        reason = self.admission.rejection(request, now_ns)
+        if reason is None:
+            if not self.config.demand_counts_rejected:
+                self.admission.record(model, now_ns)
             self._enqueue(request)
+            return
+        self._answer(request, ResponseStatus.REJECTED, reason)
+        if model not in self.residency.holders and not reason.startswith("overloaded"):
+            self.loads.turned_away.add(model)  # load it anyway, so that later requests can be served
 
     def on_result(self, result: ActionResult, now_ns: int) -> None:
         flight = self._in_flight.pop(result.action_id)
         action = flight.action
-        device = self._device_by_id[action.device]
+        device = self.residency.device(action.device)
         anchor = result.timing.end_ns if result.timing is not None else now_ns
-        if action.model not in self.profiles:  # unloaded meanwhile; its requests were answered then
-            (device.exec_lane if isinstance(action, Infer) else device.load_lane).complete(action.action_id, anchor)
-            return
+        lane = device.exec_lane if isinstance(action, Infer) else device.load_lane
+        lane.complete(action.action_id, anchor)
+        current = action.model in self.profiles and self.residency.is_current(device, action.model, flight.generation)
         if isinstance(action, Infer):
-            device.exec_lane.complete(action.action_id, anchor)
-            device.unpin(action.model)
-            self._infer_done(action, flight.requests, result, device, now_ns)
-        else:
-            device.load_lane.complete(action.action_id, anchor)
-            if isinstance(action, LoadWeights):
+            if current:
                 device.unpin(action.model)
-                self._load_done(action, result, device)
+            self._infer_done(action, flight.requests, result, device, current)
+        elif isinstance(action, LoadWeights) and current:
+            device.unpin(action.model)
+            self._load_done(action, result, device)
 
     def schedule(self, now_ns: int) -> Decisions:
         decisions = Decisions()
         self._expire(now_ns)
         limit = now_ns + self.horizon_ns
-        for device in self.devices:
+        for device in self.residency.devices:
             if device.waiting and device.exec_lane.free_ns <= limit:
                 self._plan_infers(device, now_ns, decisions)
-        if self.queues or self.turned_away:
-            plan_loads(self, now_ns, decisions)
+        if self.loads.wanted:
+            self.loads.plan(now_ns, decisions, self._issue_load)
         decisions.responses = self._take_responses()
         decisions.wakeup_ns = self._next_wakeup(now_ns)
         return decisions
 
     # --- membership (devices and models that come and go) ------------------------------
     def add_device(self, spec: DeviceSpec) -> None:
-        membership.add_device(self, spec)
+        self.residency.add_device(spec)
 
     def remove_device(self, device: int, now_ns: int) -> None:
-        membership.remove_device(self, device, now_ns)
+        gone = self.residency.device(device)
+        self.residency.remove_device(device, {m: self._pages_on(m, gone) for m in gone.ready_ns})
+        lost: list[Request] = []
+        for action_id, flight in list(self._in_flight.items()):
+            if flight.action.device == device:
+                del self._in_flight[action_id]
+                lost += flight.requests
+        if not self.residency.devices:
+            self._answer_everything("no worker is connected")
+        for request in lost:
+            if not self.residency.devices:
+                self._answer(request, ResponseStatus.ERROR, "no worker is connected")
+            elif request.model in self.profiles and now_ns + self._fastest_anywhere(request.model) <= (
+                request.deadline_ns - self._margin_ns
+            ):
+                self._enqueue(request)
+            else:
+                reason = f"worker of device {device} was lost; the deadline cannot be met"
+                self._answer(request, ResponseStatus.ERROR, reason)
 
     def add_model(self, profile: ModelProfile) -> None:
-        membership.add_model(self, profile)
+        if profile.model in self.profiles:
+            raise ValueError(f"model {profile.model!r} is already served")
+        self.profiles[profile.model] = profile
 
     def remove_model(self, model: str, now_ns: int) -> None:
-        membership.remove_model(self, model, now_ns)
+        reason = f"model {model!r} was unloaded"
+        for request in self.queues.take_all(model):
+            self._answer(request, ResponseStatus.ERROR, reason)
+        self._close_if_empty(model)
+        for flight in self._in_flight.values():
+            if flight.action.model == model and isinstance(flight.action, Infer):
+                for request in flight.requests:
+                    self._answer(request, ResponseStatus.ERROR, reason)
+                flight.requests = []
+        for device in self.residency.devices:
+            self.residency.release(device, model, self._pages_on(model, device))
+        for part in (self.loads, self.admission, self.shapes, self.estimator):
+            part.forget(model)
+        self._forget_model(model)
 
-    # --- admission and queues ------------------------------------------------------
-    def _admission_bound(self, request: Request, now_ns: int) -> int:
-        """A lower bound on when ``request`` can complete: the earliest completion of its model,
-        and, when every queued request of the model is due no later, after all of them too
-        (in full batches, shared by the devices holding the model)."""
-        model = request.model
-        earliest = self._earliest_completion(model, now_ns)
-        queue = self.queues.get(model)
-        holders = self.holders.get(model)
-        if queue is None or not holders or request.deadline_ns < queue.max_deadline_ns:
-            return earliest
-        start = min(max(now_ns, self._device_by_id[d].exec_lane.free_ns) for d in holders)
-        return max(earliest, start + self._queued_work_ns(model, queue.count + 1) // len(holders))
+    def _answer_everything(self, reason: str) -> None:
+        for model in self.queues.models():
+            for request in self.queues.take_all(model):
+                self._answer(request, ResponseStatus.ERROR, reason)
+            self._close_if_empty(model)
+        for flight in self._in_flight.values():
+            for request in flight.requests:
+                self._answer(request, ResponseStatus.ERROR, reason)
+            flight.requests = []
 
-    def _earliest_completion(self, model: str, now_ns: int) -> int:
-        """Best case over devices: on a holder as soon as its lane frees, else after a cold load."""
-        best = NEVER
-        for device_id in self.holders.get(model, ()):
-            d = self._device_by_id[device_id]
-            start = max(now_ns, d.exec_lane.free_ns, d.ready_ns[model])
-            best = min(best, start + self.fastest_ns(model, d.kind))
-        if best == NEVER:
-            load = {kind: self.estimator.load_ns(model, kind) for kind in self._kinds}
-            run = {kind: self.fastest_ns(model, kind) for kind in self._kinds}
-            for d in self.devices:
-                ready = max(now_ns, d.load_lane.free_ns) + load[d.kind]
-                best = min(best, max(ready, d.exec_lane.free_ns) + run[d.kind])
-        return best
-
-    def _record_demand(self, model: str, now_ns: int) -> None:
-        """Remember how much device time this model's arrivals ask for, on the devices holding it."""
-        work = self.fastest_ns(model, self.devices[0].kind)
-        rate = self._model_demand.get(model)
-        if rate is None:
-            rate = self._model_demand[model] = DecayingRate(self._rate_memory_ns)
-        rate.add(work, now_ns)
-        holders = self.holders.get(model, ())
-        for device_id in holders:
-            self._device_by_id[device_id].demand.add(work / len(holders), now_ns)
-
-    def model_demand(self, model: str, now_ns: int) -> float:
-        rate = self._model_demand.get(model)
-        return 0.0 if rate is None else rate.value(now_ns)
-
-    def _within_share(self, request: Request, now_ns: int) -> bool:
-        """A model whose recent demand exceeds its share of its holders (what the other models'
-        demand leaves it, at least ``min_share``) may queue only as much work as that share
-        of their time until this request's deadline. Models within their share pass."""
-        model = request.model
-        holders = self.holders.get(model)
-        if not holders:
-            return True  # cold: the load planner decides
-        own = self.model_demand(model, now_ns) / len(holders)
-        devices = [self._device_by_id[device_id] for device_id in holders]
-        if not any(self._over_share(model, d, now_ns) for d in devices):
-            return True  # a model within its share is only ever refused by its deadline
-        room = 0.0
-        for d in devices:
-            share = max(self.config.min_share, 1.0 - (d.demand.value(now_ns) - own))
-            room += max(0, request.deadline_ns - max(now_ns, d.exec_lane.free_ns)) * share
-        queue = self.queues.get(model)
-        count = 1 + (queue.count if queue is not None else 0)
-        return self._queued_work_ns(model, count) <= room
-
-    def _over_share(self, model: str, device: DeviceState, now_ns: int) -> bool:
-        """Does ``model`` ask more of ``device`` than the other models' demand leaves it?"""
-        holders = self.holders.get(model)
-        if not holders:
-            return False
-        own = self.model_demand(model, now_ns) / len(holders)
-        return own > max(self.config.min_share, 1.0 - (device.demand.value(now_ns) - own))
-
-    def _queued_work_ns(self, model: str, count: int) -> int:
-        """Exec time of ``count`` requests in full batches of the largest size, then one padded batch."""
-        kind = self.devices[0].kind
-        largest = self.batch_sizes(model)[-1]
-        full, rest = divmod(count, largest)
-        work = full * self.estimator.exec_ns(model, largest, kind)
-        return work + (self.estimator.exec_ns(model, self.padded(model, rest), kind) if rest else 0)
-
+    # --- queues ---------------------------------------------------------------------------
     def _enqueue(self, request: Request) -> None:
-        model = request.model
-        queue = self.queues.get(model)
-        if queue is None:
-            queue = self.queues[model] = ModelQueue(model, self._live)
-            holders = self.holders.get(model, ())
-            for device_id in holders:
-                self._device_by_id[device_id].waiting.add(model)
-            if not holders:
-                self.cold.add(model)
-        queue.push(request)
-        fastest = min(self.fastest_ns(model, kind) for kind in self._kinds)
-        heapq.heappush(self._expiry, (request.deadline_ns - fastest + 1, request.id, model))
+        """Queue ``request`` until the last moment its fastest batch could start on any device."""
+        expires = request.deadline_ns - self._margin_ns - self._fastest_anywhere(request.model) + 1
+        if self.queues.push(request, expires):
+            self.residency.queue_opened(request.model)
 
     def _expire(self, now_ns: int) -> None:
         """Reject queued requests that no device could now finish in time."""
-        expiry = self._expiry
-        while expiry and expiry[0][0] <= now_ns:
-            _, request_id, model = heapq.heappop(expiry)
-            request = self._live.get(request_id)
-            if request is not None:
-                self.queues[model].forget(request_id)
-                self._answer(request, ResponseStatus.REJECTED, "deadline can no longer be met")
-                self._drop_queue_if_empty(model)
+        for request in self.queues.expired(now_ns):
+            self._answer(request, ResponseStatus.REJECTED, "deadline can no longer be met")
+            self._close_if_empty(request.model)
 
-    def _drop_queue_if_empty(self, model: str) -> None:
-        queue = self.queues.get(model)
-        if queue is not None and queue.count == 0:
-            del self.queues[model]
-            self.cold.discard(model)
-            self.latest_load_start.pop(model, None)
-            for device_id in self.holders.get(model, ()):
-                self._device_by_id[device_id].waiting.discard(model)
+    def _close_if_empty(self, model: str) -> None:
+        if self.queues.close_if_empty(model):
+            self.residency.queue_closed(model)
+            self.loads.queue_closed(model)
+            self.admission.needs_replica.discard(model)
 
     # --- inference planning -----------------------------------------------------------
     def _plan_infers(self, device: DeviceState, now_ns: int, decisions: Decisions) -> None:
@@ -283,35 +222,35 @@ class ClockworkScheduler(PolicyBookkeeping):
             if not choices:
                 return
             chosen = min(choices)
-            if len(choices) > 1 and self.config.lookahead and self._over_share(chosen.model, device, now_ns):
+            if len(choices) > 1 and self.config.lookahead and self.admission.over_share(chosen.model, device, now_ns):
                 chosen = self._spare_the_next(device, chosen, choices)
             self._issue_infer(device, chosen, now_ns, decisions)
 
-    def _best_batch(self, device: DeviceState, model: str, start: int, now_ns: int) -> _Choice | None:
+    def _best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> _Choice | None:
         """The largest batch of ``model`` that meets its most urgent deadline here, with its slack."""
         if model in device.loading:
             return None  # planned when the load reports: an infer must never race its own load
-        queue = self.queues[model]
-        head = self._feasible_head(queue, now_ns)
+        head = self._feasible_head(self.queues[model], now_ns)
         if head is None:
             return None
-        return self._batch_within(device, model, start, head.deadline_ns)
+        return self._batch_within(device, model, start_ns, head.deadline_ns)
 
-    def _batch_within(self, device: DeviceState, model: str, start: int, finish_by: int) -> _Choice | None:
-        """The largest batch of ``model`` starting at ``start`` that ends by ``finish_by``."""
+    def _batch_within(self, device: DeviceState, model: str, start_ns: int, finish_by_ns: int) -> _Choice | None:
+        """The largest batch of ``model`` starting at ``start_ns`` that ends (with the margin) by ``finish_by_ns``."""
         queue = self.queues[model]
         head = queue.head()
         if head is None:
             return None
         kind = device.kind
+        sizes = self.shapes.sizes(model)
         longest = self.config.max_batch_slo_fraction * head.slo_ns if len(device.waiting) > 1 else NEVER
-        for size in reversed(self.batch_sizes(model)):
+        for size in reversed(sizes):
             exec_ns = self.estimator.exec_ns(model, size, kind)
-            if start + exec_ns <= finish_by and (exec_ns <= longest or size == self.batch_sizes(model)[0]):
+            if start_ns + exec_ns + self._margin_ns <= finish_by_ns and (exec_ns <= longest or size == sizes[0]):
                 count = min(queue.count, size)
-                padded = self.padded(model, count)
-                slack = head.deadline_ns - start - self.estimator.exec_ns(model, padded, kind)
-                return _Choice(slack, model, start, count, padded, head.deadline_ns)
+                padded = self.shapes.padded(model, count)
+                slack = head.deadline_ns - start_ns - self.estimator.exec_ns(model, padded, kind)
+                return _Choice(slack, model, start_ns, count, padded, head.deadline_ns)
         return None
 
     def _spare_the_next(self, device: DeviceState, chosen: _Choice, choices: list[_Choice]) -> _Choice:
@@ -319,57 +258,74 @@ class ClockworkScheduler(PolicyBookkeeping):
         end too late for the next most urgent model, run that model first when the chosen
         one can afford the wait, else shrink the chosen batch so both make it."""
         kind = device.kind
-        chosen_end = chosen.start + self.estimator.exec_ns(chosen.model, chosen.size, kind)
+        chosen_ns = self.estimator.exec_ns(chosen.model, chosen.batch_size, kind)
         others = [c for c in choices if c.model != chosen.model]
-        urgent = min(others, key=lambda c: c.deadline - self.fastest_ns(c.model, kind))
-        urgent_latest_start = urgent.deadline - self.fastest_ns(urgent.model, kind)
-        if chosen_end <= urgent_latest_start:
+        urgent = min(others, key=lambda c: c.deadline_ns - self.shapes.fastest_ns(c.model, kind))
+        urgent_latest_start = urgent.deadline_ns - self._margin_ns - self.shapes.fastest_ns(urgent.model, kind)
+        if chosen.start_ns + chosen_ns <= urgent_latest_start:
             return chosen
-        chosen_ns = self.estimator.exec_ns(chosen.model, chosen.size, kind)
-        first = self._batch_within(
-            device, urgent.model, urgent.start, min(urgent.deadline, chosen.deadline - chosen_ns)
-        )
+        finish_by = min(urgent.deadline_ns, chosen.deadline_ns - self._margin_ns - chosen_ns)
+        first = self._batch_within(device, urgent.model, urgent.start_ns, finish_by)
         if first is not None:
             return first
-        smaller = self._batch_within(device, chosen.model, chosen.start, urgent_latest_start)
-        return smaller if smaller is not None and smaller.deadline >= chosen.deadline else chosen
+        smaller = self._batch_within(device, chosen.model, chosen.start_ns, urgent_latest_start + self._margin_ns)
+        return smaller if smaller is not None and smaller.deadline_ns >= chosen.deadline_ns else chosen
 
     def _feasible_head(self, queue: ModelQueue, now_ns: int) -> Request | None:
         """The most urgent request that some holder can still serve; rejects the ones none can."""
         while True:
             head = queue.head()
             if head is None:
-                self._drop_queue_if_empty(queue.model)
+                self._close_if_empty(queue.model)
                 return None
-            if self._earliest_completion(queue.model, now_ns) <= head.deadline_ns:
+            if self._earliest_completion(queue.model, now_ns) + self._margin_ns <= head.deadline_ns:
                 return head
             queue.pop()
             self._answer(head, ResponseStatus.REJECTED, "deadline can no longer be met")
 
+    def _earliest_completion(self, model: str, now_ns: int) -> int:
+        """Best case over devices: on a holder as soon as its lane frees, else after a cold load."""
+        best = NEVER
+        for d in self.residency.holding(model):
+            start = max(now_ns, d.exec_lane.free_ns, d.ready_ns[model])
+            best = min(best, start + self.shapes.fastest_ns(model, d.kind))
+        if best == NEVER:
+            for d in self.residency.devices:
+                ready = max(now_ns, d.load_lane.free_ns) + self.estimator.load_ns(model, d.kind)
+                best = min(best, max(ready, d.exec_lane.free_ns) + self.shapes.fastest_ns(model, d.kind))
+        return best
+
     def _issue_infer(self, device: DeviceState, choice: _Choice, now_ns: int, decisions: Decisions) -> None:
-        _, model, start, count, size, _ = choice
+        model, start = choice.model, choice.start_ns
         queue = self.queues[model]
-        batch = [queue.pop() for _ in range(count)]
-        expected = self.estimator.exec_ns(model, size, device.kind)
+        batch = [queue.pop() for _ in range(choice.n_requests)]
+        expected = self.estimator.exec_ns(model, choice.batch_size, device.kind)
         tightest = min(r.deadline_ns for r in batch)
-        latest = min(tightest - expected, start + self._slack_ns)
         action = Infer(
-            self._new_action_id(), device.spec.device, model, start, latest, expected, tuple(r.id for r in batch), size
+            action_id=self._new_action_id(),
+            device=device.spec.device,
+            model=model,
+            earliest_ns=start,
+            latest_ns=min(tightest - self._margin_ns - expected, start + self._slack_ns),
+            expected_duration_ns=expected,
+            request_ids=tuple(r.id for r in batch),
+            batch_size=choice.batch_size,
         )
         device.exec_lane.plan(action.action_id, start, expected)
         device.pin(model)
         device.touch(model, now_ns)
-        self._in_flight[action.action_id] = _Flight(action, batch)
+        self._in_flight[action.action_id] = _Flight(action, batch, device.generation[model])
         decisions.actions.append(action)
-        self._drop_queue_if_empty(model)
+        self._close_if_empty(model)
 
     # --- results ---------------------------------------------------------------------
     def _infer_done(
-        self, action: Infer, batch: list[Request], result: ActionResult, device: DeviceState, now_ns: int
+        self, action: Infer, batch: list[Request], result: ActionResult, device: DeviceState, current: bool
     ) -> None:
         if result.ok:
             assert result.timing is not None
-            self.estimator.observe_exec(action.model, action.batch_size, device.kind, result.timing.duration_ns)
+            if current:
+                self.estimator.observe_exec(action.model, action.batch_size, device.kind, result.timing.duration_ns)
             for request in batch:
                 self._answer(request, ResponseStatus.SUCCESS, action_id=action.action_id)
             return
@@ -377,8 +333,8 @@ class ClockworkScheduler(PolicyBookkeeping):
             for request in batch:
                 self._answer(request, ResponseStatus.ERROR, f"inference failed: {result.message}")
             return
-        if result.status is ActionStatus.NOT_RESIDENT and device.holds(action.model):
-            self.release(device, action.model)  # the worker disagrees with our view: believe it
+        if result.status is ActionStatus.NOT_RESIDENT and current:
+            self.residency.release(device, action.model, self._pages_on(action.model, device))  # believe the worker
         for request in batch:  # refused: back to the queue; expiry rejects what cannot make it
             self._enqueue(request)
 
@@ -390,89 +346,66 @@ class ClockworkScheduler(PolicyBookkeeping):
             device.ready_ns[model] = result.timing.end_ns
             device.loading.discard(model)
             return
-        self.release(device, model)
-        if result.status is ActionStatus.ERROR and not self.holders.get(model) and model in self.queues:
-            queue = self.queues[model]
-            while queue.count:
-                self._answer(queue.pop(), ResponseStatus.ERROR, f"loading {model} failed: {result.message}")
-            self._drop_queue_if_empty(model)
+        self.residency.release(device, model, self._pages_on(model, device))
+        if result.status is ActionStatus.ERROR and model not in self.residency.holders and model in self.queues:
+            for request in self.queues.take_all(model):
+                self._answer(request, ResponseStatus.ERROR, f"loading {model} failed: {result.message}")
+            self._close_if_empty(model)
 
-    # --- residency (used by load planning) ------------------------------------------------
-    def hold(self, device: DeviceState, model: str, ready_ns: int) -> None:
-        device.ready_ns[model] = ready_ns
-        device.free_pages -= self.pages_of(model, device.spec)
-        device.touch(model, ready_ns)
-        self.holders.setdefault(model, set()).add(device.spec.device)
-        self.turned_away.discard(model)
-        if model in self.queues:
-            device.waiting.add(model)
-            self.cold.discard(model)
-
-    def release(self, device: DeviceState, model: str) -> None:
-        if device.ready_ns.pop(model, None) is None:
-            return
-        device.loading.discard(model)
-        device.free_pages += self.pages_of(model, device.spec)
-        device.last_used.pop(model, None)
-        device.waiting.discard(model)
-        holders = self.holders[model]
-        holders.discard(device.spec.device)
-        if not holders:
-            del self.holders[model]
-            if model in self.queues:
-                self.cold.add(model)
-
-    def issue_load(
+    # --- loads (planned by ``LoadPlanner``) ---------------------------------------------------
+    def _issue_load(
         self, device: DeviceState, model: str, victims: list[str], now_ns: int, decisions: Decisions
     ) -> None:
         start = max(now_ns, device.load_lane.free_ns)
         for victim in victims:
-            self.release(device, victim)
-            evict = EvictWeights(self._new_action_id(), device.spec.device, victim, start, start + EVICT_WINDOW_NS, 0)
+            self.residency.release(device, victim, self._pages_on(victim, device))
+            evict = EvictWeights(
+                action_id=self._new_action_id(),
+                device=device.spec.device,
+                model=victim,
+                earliest_ns=start,
+                latest_ns=start + EVICT_WINDOW_NS,
+                expected_duration_ns=0,
+            )
             device.load_lane.plan(evict.action_id, start, 0)
-            self._in_flight[evict.action_id] = _Flight(evict, [])
+            self._in_flight[evict.action_id] = _Flight(evict, [], NO_GENERATION)
             decisions.actions.append(evict)
         expected = self.estimator.load_ns(model, device.kind)
-        load = LoadWeights(self._new_action_id(), device.spec.device, model, start, start + self._slack_ns, expected)
+        load = LoadWeights(
+            action_id=self._new_action_id(),
+            device=device.spec.device,
+            model=model,
+            earliest_ns=start,
+            latest_ns=start + self._slack_ns,
+            expected_duration_ns=expected,
+        )
         ready = device.load_lane.plan(load.action_id, start, expected)
-        self.hold(device, model, ready)
+        generation = self.residency.hold(device, model, ready, self._pages_on(model, device))
+        self.loads.turned_away.discard(model)
         device.loading.add(model)
         device.pin(model)
-        self._in_flight[load.action_id] = _Flight(load, [])
+        self._in_flight[load.action_id] = _Flight(load, [], generation)
         decisions.actions.append(load)
 
     # --- helpers ---------------------------------------------------------------------------
     def _next_wakeup(self, now_ns: int) -> int | None:
         """The earliest future time something is due: an expiry, or a lane freeing within the horizon."""
-        expiry = self._expiry
-        while expiry and expiry[0][1] not in self._live:
-            heapq.heappop(expiry)
-        best = expiry[0][0] if expiry and expiry[0][0] > now_ns else NEVER
+        expiry = self.queues.next_expiry_ns()
+        best = expiry if expiry is not None and expiry > now_ns else NEVER
         after = now_ns + self.horizon_ns  # lanes due later than this wake the policy
-        loads_wanted = bool(self.queues or self.turned_away)
-        for d in self.devices:
+        loads_wanted = self.loads.wanted
+        for d in self.residency.devices:
             if d.waiting and after < d.exec_lane.free_ns < best + self.horizon_ns:
                 best = d.exec_lane.free_ns - self.horizon_ns
             if loads_wanted and d.load_lane.busy and after < d.load_lane.free_ns < best + self.horizon_ns:
                 best = d.load_lane.free_ns - self.horizon_ns
         return None if best == NEVER else best
 
-    def batch_sizes(self, model: str) -> tuple[int, ...]:
-        sizes = self._batch_sizes.get(model)
-        if sizes is None:
-            cap = self.config.max_batch_size
-            sizes = tuple(b for b in self.profiles[model].batch_sizes if b <= cap) or (
-                self.profiles[model].batch_sizes[0],
-            )
-            self._batch_sizes[model] = sizes
-        return sizes
+    def _fastest_anywhere(self, model: str) -> int:
+        return min(self.shapes.fastest_ns(model, kind) for kind in self.residency.kinds)
 
-    def fastest_ns(self, model: str, kind: str) -> int:
-        """Estimate of the smallest supported batch: the least any request of ``model`` needs."""
-        return self.estimator.exec_ns(model, self.batch_sizes(model)[0], kind)
+    def _pages_on(self, model: str, device: DeviceState) -> int:
+        return self.pages_of(model, device.spec)
 
-    def padded(self, model: str, count: int) -> int:
-        for size in self.batch_sizes(model):
-            if size >= count:
-                return size
-        return self.batch_sizes(model)[-1]
+    def _idle_victims(self, device: DeviceState, model: str) -> list[str] | None:
+        return self.loads.eviction_victims(device, model, idle_only=True)

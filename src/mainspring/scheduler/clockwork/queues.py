@@ -1,8 +1,9 @@
-"""Per-model request queues, earliest deadline first, with lazy removal."""
+"""Per-model request queues, earliest deadline first, and the expiry of what can no longer make it."""
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 
 from mainspring.protocol import Request
 
@@ -48,3 +49,70 @@ class ModelQueue:
         """The request left the queue by another way (its entry is skipped later)."""
         del self._live[request_id]
         self.count -= 1
+
+
+class RequestQueues:
+    """Every model's queue and one expiry heap: a request expires at the last moment its
+    fastest batch could still start on any device (set by the policy when it is queued)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, ModelQueue] = {}
+        self._live: dict[int, Request] = {}
+        self._expiry: list[tuple[int, int, str]] = []
+
+    def __contains__(self, model: object) -> bool:
+        return model in self._queues
+
+    def __bool__(self) -> bool:
+        return bool(self._queues)
+
+    def get(self, model: str) -> ModelQueue | None:
+        return self._queues.get(model)
+
+    def __getitem__(self, model: str) -> ModelQueue:
+        return self._queues[model]
+
+    def models(self) -> list[str]:
+        return list(self._queues)
+
+    def push(self, request: Request, expires_ns: int) -> bool:
+        """Queue ``request``; True if its model had no queue before."""
+        queue = self._queues.get(request.model)
+        opened = queue is None
+        if queue is None:
+            queue = self._queues[request.model] = ModelQueue(request.model, self._live)
+        queue.push(request)
+        heapq.heappush(self._expiry, (expires_ns, request.id, request.model))
+        return opened
+
+    def expired(self, now_ns: int) -> Iterator[Request]:
+        """Take out every queued request whose expiry has come."""
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now_ns:
+            _, request_id, model = heapq.heappop(expiry)
+            request = self._live.get(request_id)
+            if request is not None:
+                self._queues[model].forget(request_id)
+                yield request
+
+    def next_expiry_ns(self) -> int | None:
+        expiry = self._expiry
+        while expiry and expiry[0][1] not in self._live:
+            heapq.heappop(expiry)
+        return expiry[0][0] if expiry else None
+
+    def close_if_empty(self, model: str) -> bool:
+        """Forget an empty queue; True if it was closed."""
+        queue = self._queues.get(model)
+        if queue is None or queue.count:
+            return False
+        del self._queues[model]
+        return True
+
+    def take_all(self, model: str) -> list[Request]:
+        """Empty ``model``'s queue (the caller answers what it returns)."""
+        queue = self._queues.get(model)
+        taken = []
+        while queue is not None and queue.count:
+            taken.append(queue.pop())
+        return taken

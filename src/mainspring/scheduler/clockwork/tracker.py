@@ -54,6 +54,7 @@ class DeviceState:
         self.load_lane = LaneTracker()
         self.free_pages = spec.total_pages
         self.ready_ns: dict[str, int] = {}  # held models -> when their weights are (predicted) usable
+        self.generation: dict[str, int] = {}  # held models -> their residency generation (``Residency``)
         self.loading: set[str] = set()  # held models whose load has not reported yet
         self.last_used: OrderedDict[str, int] = OrderedDict()  # held models, least recently used first
         self.pinned: dict[str, int] = {}  # models with infers or loads in flight -> count
@@ -67,7 +68,7 @@ class DeviceState:
 
     def unpin(self, model: str) -> None:
         count = self.pinned[model] - 1
-        if count:
+        if count > 0:
             self.pinned[model] = count
         else:
             del self.pinned[model]

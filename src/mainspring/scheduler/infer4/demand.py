@@ -82,9 +82,7 @@ class LoadTracker:
         return self._seq
 
     # --- demand --------------------------------------------------------------------
-    def add_request(
-        self, model: str, size_ns: int, exec_slo_ns: int, load_slo_ns: int, now_ns: int
-    ) -> Demand:
+    def add_request(self, model: str, size_ns: int, exec_slo_ns: int, load_slo_ns: int, now_ns: int) -> Demand:
         self.check_load_deadlines(now_ns)
         demand = Demand(model, size_ns * self.capacity / exec_slo_ns, size_ns * self.capacity / load_slo_ns)
         heapq.heappush(self._load_deadlines, (now_ns + load_slo_ns, self._next_seq(), demand))

@@ -1,0 +1,158 @@
+"""Admission: recent demand per model and device, and the decision to queue or reject a request at once.
+
+A request is queued when some device can finish it by its deadline (less the deadline
+margin): a device holding its model, after the work queued there that is due no later
+(in full batches: a lower bound), or another device after loading the model. When only
+a new replica could serve it, the model is marked for one (``needs_replica``) and the
+load planner places it. A model asking more of its holders than the other models leave
+it may queue only its share of their time (``share_admission``), unless a replica could
+take the excess: a burst is moved onto idle capacity first, refused only when none has room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mainspring.protocol import Request
+from mainspring.scheduler.clockwork.config import ClockworkConfig
+from mainspring.scheduler.clockwork.estimator import DecayingRate
+from mainspring.scheduler.clockwork.queues import RequestQueues
+from mainspring.scheduler.clockwork.residency import Residency
+from mainspring.scheduler.clockwork.shapes import BatchShapes
+from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
+from mainspring.time import ms_to_ns, ns_to_ms
+
+VictimFinder = Callable[[DeviceState, str], "list[str] | None"]
+
+
+class Admission:
+    """Decides, at arrival, whether a request is queued; remembers the demand of what was queued."""
+
+    def __init__(
+        self,
+        config: ClockworkConfig,
+        residency: Residency,
+        queues: RequestQueues,
+        shapes: BatchShapes,
+        idle_victims: VictimFinder,
+    ) -> None:
+        self.config = config
+        self._residency = residency
+        self._queues = queues
+        self._shapes = shapes
+        self._idle_victims = idle_victims  # models a device could evict, idle ones only, to take a model
+        self._memory_ns = ms_to_ns(config.rate_memory_ms)
+        self._margin_ns = config.deadline_margin_ns
+        self._arrivals: dict[str, DecayingRate] = {}  # per model: requests per unit of memory
+        self.needs_replica: set[str] = set()  # held models with requests only a new replica can serve
+
+    def forget(self, model: str) -> None:
+        self._arrivals.pop(model, None)
+        self.needs_replica.discard(model)
+
+    # --- demand ----------------------------------------------------------------------------
+    def record(self, model: str, now_ns: int) -> None:
+        """Remember an arrival of ``model`` and the device time it asks of each holder."""
+        rate = self._arrivals.get(model)
+        if rate is None:
+            rate = self._arrivals[model] = DecayingRate(self._memory_ns)
+        rate.add(1.0, now_ns)
+        holders = self._residency.holding(model)
+        for device in holders:
+            device.demand.add(self._shapes.fastest_ns(model, device.kind) / len(holders), now_ns)
+
+    def model_demand(self, model: str, now_ns: int, kind: str) -> float:
+        """Share of one device of ``kind`` that ``model``'s recent arrivals asked for."""
+        rate = self._arrivals.get(model)
+        return 0.0 if rate is None else rate.value(now_ns) * self._shapes.fastest_ns(model, kind)
+
+    # --- the decision -------------------------------------------------------------------------
+    def rejection(self, request: Request, now_ns: int) -> str | None:
+        """Why ``request`` must be rejected now, or None to queue it."""
+        model = request.model
+        finish_by = request.deadline_ns - self._margin_ns
+        held = self._residency.holding(model)
+        on_holder = min((self._completion_on(d, request, now_ns) for d in held), default=NEVER)
+        if on_holder <= finish_by and (not self.config.share_admission or self._within_share(request, now_ns)):
+            return None
+        on_new = self._completion_after_load(request, now_ns, exclude=held)
+        if on_new <= finish_by:
+            if held:
+                self.needs_replica.add(model)
+            return None
+        if on_holder <= finish_by:
+            return f"overloaded: requests queued for {model} already fill its share of the devices until the deadline"
+        need = ns_to_ms(min(on_holder, on_new) - request.arrival_ns)
+        slo = ns_to_ms(request.slo_ns)
+        return f"deadline cannot be met: earliest completion {need:.2f} ms after arrival, SLO {slo:.2f} ms"
+
+    def _completion_on(self, device: DeviceState, request: Request, now_ns: int) -> int:
+        """When ``request`` could finish on a holder: after the lane frees and the weights are ready,
+        after the work queued there that is due no later, in full batches (a lower bound)."""
+        model, kind = request.model, device.kind
+        start = max(now_ns, device.exec_lane.free_ns, device.ready_ns[model])
+        queue = self._queues.get(model)
+        if queue is not None and request.deadline_ns >= queue.max_deadline_ns:
+            holders = len(self._residency.holders[model])
+            own = self._shapes.work_ns(model, queue.count + 1, kind) // holders
+        else:
+            own = self._shapes.fastest_ns(model, kind)
+        return start + own + (self._work_ahead(device, request) if self.config.device_admission else 0)
+
+    def _work_ahead(self, device: DeviceState, request: Request) -> int:
+        """Exec time the other models queued on ``device`` need before ``request``'s deadline."""
+        work = 0
+        for other in device.waiting:
+            if other == request.model:
+                continue
+            queue = self._queues[other]
+            head = queue.head()
+            if head is None or head.deadline_ns > request.deadline_ns:
+                continue
+            work += self._shapes.work_ns(other, queue.count, device.kind) // len(self._residency.holders[other])
+        return work
+
+    def _completion_after_load(self, request: Request, now_ns: int, exclude: list[DeviceState]) -> int:
+        """Best finish on a device not in ``exclude`` that loads the model first (room permitting)."""
+        model = request.model
+        best = NEVER
+        estimator = self._shapes.estimator
+        for device in self._residency.devices:
+            if device in exclude or model in device.ready_ns:
+                continue
+            ready = max(now_ns, device.load_lane.free_ns) + estimator.load_ns(model, device.kind)
+            start = max(ready, device.exec_lane.free_ns)
+            if self.config.device_admission:
+                start += self._work_ahead(device, request)
+            finish = start + self._shapes.fastest_ns(model, device.kind)
+            if finish < best and (not exclude or self._idle_victims(device, model) is not None):
+                best = finish
+        return best
+
+    def _within_share(self, request: Request, now_ns: int) -> bool:
+        """A model whose recent demand exceeds its share of its holders (what the other models'
+        demand leaves it, at least ``min_share``) may queue only as much work as that share
+        of their time until this request's deadline. Models within their share pass."""
+        model = request.model
+        held = self._residency.holding(model)
+        if not any(self.over_share(model, d, now_ns) for d in held):
+            return True
+        queue = self._queues.get(model)
+        count = 1 + (queue.count if queue is not None else 0)
+        covered = 0.0  # share of the queued work the holders' shares of time cover until the deadline
+        for d in held:
+            room = max(0, request.deadline_ns - max(now_ns, d.exec_lane.free_ns)) * self._share(model, d, now_ns)
+            covered += room / max(1, self._shapes.work_ns(model, count, d.kind))
+        return covered >= 1.0
+
+    def _share(self, model: str, device: DeviceState, now_ns: int) -> float:
+        own = self.model_demand(model, now_ns, device.kind) / len(self._residency.holders[model])
+        return max(self.config.min_share, 1.0 - (device.demand.value(now_ns) - own))
+
+    def over_share(self, model: str, device: DeviceState, now_ns: int) -> bool:
+        """Does ``model`` ask more of ``device`` than the other models' demand leaves it?"""
+        holders = self._residency.holders.get(model)
+        if not holders:
+            return False
+        own = self.model_demand(model, now_ns, device.kind) / len(holders)
+        return own > self._share(model, device, now_ns)

@@ -1,0 +1,103 @@
+"""Where each model's weights are (or will be): devices, holders, pages, and residency generations.
+
+Every hold starts a new *generation* of that model on that device. An action records the
+generation it was planned for; a result for an older generation (the model was evicted,
+unloaded, or unloaded and added again meanwhile) only frees its lane.
+"""
+
+from __future__ import annotations
+
+from mainspring.protocol import DeviceSpec
+from mainspring.scheduler.clockwork.tracker import DeviceState
+
+
+class Residency:
+    """The devices and which models they hold; ``cold`` are queued models held nowhere."""
+
+    def __init__(self, specs: list[DeviceSpec], rate_memory_ns: int) -> None:
+        self._rate_memory_ns = rate_memory_ns
+        self.devices: list[DeviceState] = []
+        self._by_id: dict[int, DeviceState] = {}
+        self.kinds: list[str] = []
+        self.holders: dict[str, set[int]] = {}
+        self.queued: set[str] = set()  # models with a request queue (kept by the policy)
+        self.cold: set[str] = set()
+        self._generation = 0
+        for spec in specs:
+            self.add_device(spec)
+
+    def device(self, device_id: int) -> DeviceState:
+        return self._by_id[device_id]
+
+    def find(self, device_id: int) -> DeviceState | None:
+        return self._by_id.get(device_id)
+
+    def holding(self, model: str) -> list[DeviceState]:
+        return [self._by_id[d] for d in self.holders.get(model, ())]
+
+    def add_device(self, spec: DeviceSpec) -> None:
+        if spec.device in self._by_id:
+            raise ValueError(f"device {spec.device} is already known")
+        device = DeviceState(spec, self._rate_memory_ns)
+        self.devices.append(device)
+        self._by_id[spec.device] = device
+        self.kinds = sorted({d.kind for d in self.devices})
+
+    def remove_device(self, device_id: int, pages_of: dict[str, int]) -> DeviceState:
+        """Forget a device and everything it held; ``pages_of`` gives each held model's pages there."""
+        device = self._by_id.pop(device_id)
+        for model in list(device.ready_ns):
+            self.release(device, model, pages_of[model])
+        self.devices.remove(device)
+        self.kinds = sorted({d.kind for d in self.devices})
+        return device
+
+    # --- holding ------------------------------------------------------------------------
+    def hold(self, device: DeviceState, model: str, ready_ns: int, pages: int) -> int:
+        """``model`` is (being) loaded on ``device``, usable from ``ready_ns``; returns its generation."""
+        self._generation += 1
+        device.ready_ns[model] = ready_ns
+        device.generation[model] = self._generation
+        device.free_pages -= pages
+        device.touch(model, ready_ns)
+        self.holders.setdefault(model, set()).add(device.spec.device)
+        if model in self.queued:
+            device.waiting.add(model)
+            self.cold.discard(model)
+        return self._generation
+
+    def release(self, device: DeviceState, model: str, pages: int) -> None:
+        """``model`` leaves ``device``: its pages are free and its in-flight actions are stale."""
+        if device.ready_ns.pop(model, None) is None:
+            return
+        del device.generation[model]
+        device.loading.discard(model)
+        device.pinned.pop(model, None)
+        device.free_pages += pages
+        device.last_used.pop(model, None)
+        device.waiting.discard(model)
+        holders = self.holders[model]
+        holders.discard(device.spec.device)
+        if not holders:
+            del self.holders[model]
+            if model in self.queued:
+                self.cold.add(model)
+
+    def is_current(self, device: DeviceState, model: str, generation: int) -> bool:
+        return device.generation.get(model) == generation
+
+    # --- queues opening and closing -------------------------------------------------------
+    def queue_opened(self, model: str) -> None:
+        self.queued.add(model)
+        holders = self.holders.get(model)
+        if holders:
+            for device_id in holders:
+                self._by_id[device_id].waiting.add(model)
+        else:
+            self.cold.add(model)
+
+    def queue_closed(self, model: str) -> None:
+        self.queued.discard(model)
+        self.cold.discard(model)
+        for device_id in self.holders.get(model, ()):
+            self._by_id[device_id].waiting.discard(model)

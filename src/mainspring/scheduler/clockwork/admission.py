@@ -142,6 +142,8 @@ class Admission:
         covered = 0.0  # share of the queued work the holders' shares of time cover until the deadline
         for d in held:
             room = max(0, request.deadline_ns - max(now_ns, d.exec_lane.free_ns)) * self._share(model, d, now_ns)
+            if self.config.share_full_batch:
+                room = max(room, self._shapes.work_ns(model, self._shapes.sizes(model)[-1], d.kind))
             covered += room / max(1, self._shapes.work_ns(model, count, d.kind))
         return covered >= 1.0
 

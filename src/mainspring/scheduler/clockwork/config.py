@@ -23,8 +23,13 @@ class ClockworkConfig:
     (due no later) before this request, not only its own model's.
     ``deadline_margin_ms``: plan every batch to end this long before its deadline, for the
     result's trip back to the client (see ``docs/scheduler.md``).
-    ``demand_counts_rejected``: count rejected arrivals in a model's demand (off: clients that
-    resend rejected requests would inflate it)."""
+    ``demand_counts_rejected``: count rejected arrivals in a model's demand (on: an open-loop
+    burst's rejected requests are real demand; without them the burst looks within its share).
+    ``whole_batches``: when the most urgent request allows only part of a backlog and the rest
+    could not follow, pass over it for the largest batch that fits (INFER4's skip).
+    ``lookahead_within_share``: the lookahead only spares models within their share.
+    ``share_full_batch``: a model over its share may still queue one full batch.
+    ``start_early``: infers may start as soon as the lane is free (earliest = now)."""
 
     horizon_ms: float = 5.0
     window_slack_ms: float | None = None
@@ -42,6 +47,10 @@ class ClockworkConfig:
     device_admission: bool = False
     deadline_margin_ms: float = 0.0
     demand_counts_rejected: bool = True
+    whole_batches: bool = True
+    lookahead_within_share: bool = True
+    share_full_batch: bool = True
+    start_early: bool = False
 
     def __post_init__(self) -> None:
         problems = []

@@ -52,6 +52,7 @@ class _Choice(NamedTuple):
     n_requests: int
     batch_size: int
     deadline_ns: int  # of its most urgent request
+    skip: int = 0  # most urgent requests passed over (they stay queued; see ``_keep_backlog_whole``)
 
 
 @dataclass(slots=True)
@@ -215,7 +216,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             if lane_start > limit:
                 return
             choices = []
-            for model in list(device.waiting):
+            for model in sorted(device.waiting):  # sorted: runs repeat across processes
                 choice = self._best_batch(device, model, lane_start, now_ns)
                 if choice is not None:
                     choices.append(choice)
@@ -223,7 +224,7 @@ class ClockworkScheduler(PolicyBookkeeping):
                 return
             chosen = min(choices)
             if len(choices) > 1 and self.config.lookahead and self.admission.over_share(chosen.model, device, now_ns):
-                chosen = self._spare_the_next(device, chosen, choices)
+                chosen = self._spare_the_next(device, chosen, choices, now_ns)
             self._issue_infer(device, chosen, now_ns, decisions)
 
     def _best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> _Choice | None:
@@ -233,7 +234,41 @@ class ClockworkScheduler(PolicyBookkeeping):
         head = self._feasible_head(self.queues[model], now_ns)
         if head is None:
             return None
-        return self._batch_within(device, model, start_ns, head.deadline_ns)
+        choice = self._batch_within(device, model, start_ns, head.deadline_ns)
+        if self.config.whole_batches and choice is not None:
+            choice = self._keep_backlog_whole(device, model, start_ns, choice)
+        return choice
+
+    def _keep_backlog_whole(self, device: DeviceState, model: str, start_ns: int, choice: _Choice) -> _Choice:
+        """Keep a backlog's batches whole. When the most urgent request only allows a part of the
+        queue to run and the rest could not follow in time, serving it would leave every later
+        batch of the model short (the collapse of deadline order under overload). Instead run the
+        largest batch that fits from the first request whose deadline allows it; the requests
+        passed over stay queued (another device may serve them) and expire if none can."""
+        queue = self.queues[model]
+        largest = self.shapes.sizes(model)[-1]
+        if choice.n_requests >= min(queue.count, largest):
+            return choice
+        deadlines = sorted(r.deadline_ns for r in queue.requests())
+        count, n = len(deadlines), choice.n_requests
+        kind, margin = device.kind, self._margin_ns
+        after = start_ns + self.estimator.exec_ns(model, choice.batch_size, kind)
+        rest = self.shapes.padded(model, min(count - n, largest))
+        if after + self.estimator.exec_ns(model, rest, kind) + margin <= deadlines[n]:
+            return choice  # the rest can follow: nothing is lost by serving the head first
+        for other in self.residency.holding(model):
+            free = max(start_ns, other.exec_lane.free_ns, other.ready_ns[model])
+            if other is not device and free + self.shapes.fastest_ns(model, other.kind) + margin <= deadlines[n]:
+                return choice  # another holder can take the rest
+        for skip in range(1, count):
+            size = self.shapes.padded(model, min(count - skip, largest))
+            exec_ns = self.estimator.exec_ns(model, size, kind)
+            if start_ns + exec_ns + margin <= deadlines[skip]:
+                n_requests = min(count - skip, size)
+                return _Choice(
+                    deadlines[skip] - start_ns - exec_ns, model, start_ns, n_requests, size, deadlines[skip], skip
+                )
+        return choice
 
     def _batch_within(self, device: DeviceState, model: str, start_ns: int, finish_by_ns: int) -> _Choice | None:
         """The largest batch of ``model`` starting at ``start_ns`` that ends (with the margin) by ``finish_by_ns``."""
@@ -253,7 +288,7 @@ class ClockworkScheduler(PolicyBookkeeping):
                 return _Choice(slack, model, start_ns, count, padded, head.deadline_ns)
         return None
 
-    def _spare_the_next(self, device: DeviceState, chosen: _Choice, choices: list[_Choice]) -> _Choice:
+    def _spare_the_next(self, device: DeviceState, chosen: _Choice, choices: list[_Choice], now_ns: int) -> _Choice:
         """One step of lookahead that Clockwork's bump lacks: if the least-slack batch would
         end too late for the next most urgent model, run that model first when the chosen
         one can afford the wait, else shrink the chosen batch so both make it."""
@@ -264,6 +299,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         urgent_latest_start = urgent.deadline_ns - self._margin_ns - self.shapes.fastest_ns(urgent.model, kind)
         if chosen.start_ns + chosen_ns <= urgent_latest_start:
             return chosen
+        if self.config.lookahead_within_share and self.admission.over_share(urgent.model, device, now_ns):
+            return chosen  # lookahead protects models within their share, not one over-share model from another
         finish_by = min(urgent.deadline_ns, chosen.deadline_ns - self._margin_ns - chosen_ns)
         first = self._batch_within(device, urgent.model, urgent.start_ns, finish_by)
         if first is not None:
@@ -298,14 +335,17 @@ class ClockworkScheduler(PolicyBookkeeping):
     def _issue_infer(self, device: DeviceState, choice: _Choice, now_ns: int, decisions: Decisions) -> None:
         model, start = choice.model, choice.start_ns
         queue = self.queues[model]
+        passed_over = [queue.pop() for _ in range(choice.skip)]
         batch = [queue.pop() for _ in range(choice.n_requests)]
+        for request in passed_over:
+            queue.push(request)
         expected = self.estimator.exec_ns(model, choice.batch_size, device.kind)
         tightest = min(r.deadline_ns for r in batch)
         action = Infer(
             action_id=self._new_action_id(),
             device=device.spec.device,
             model=model,
-            earliest_ns=start,
+            earliest_ns=now_ns if self.config.start_early else start,
             latest_ns=min(tightest - self._margin_ns - expected, start + self._slack_ns),
             expected_duration_ns=expected,
             request_ids=tuple(r.id for r in batch),

@@ -45,6 +45,11 @@ class ModelQueue:
         self.count -= 1
         return request
 
+    def requests(self) -> list[Request]:
+        """Every queued request, in no particular order."""
+        live = self._live
+        return [live[i] for _, i in self._heap if i in live]
+
     def forget(self, request_id: int) -> None:
         """The request left the queue by another way (its entry is skipped later)."""
         del self._live[request_id]

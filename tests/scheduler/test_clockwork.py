@@ -217,3 +217,26 @@ def test_a_burst_beyond_what_the_devices_can_serve_is_rejected_at_once() -> None
     rejected = [r for r in policy.schedule(now).responses if r.status is ResponseStatus.REJECTED]
     assert 180 <= len(rejected) <= 186  # about 16 admitted
     assert all("deadline cannot be met" in r.reason for r in rejected)
+
+
+def test_a_fleet_of_two_kinds_is_planned_with_each_kind_s_estimates() -> None:
+    """Device 1 is of a second, synthetic kind three times slower than the profile; only it fits "a"."""
+    specs = [DeviceSpec(0, "v100", 2 * PAGE, PAGE), DeviceSpec(1, "slow", 100 * PAGE, PAGE)]
+    policy = ClockworkScheduler(PROFILES, specs, ClockworkConfig())
+    policy.on_request(request(100, "a", 0), 0)
+    (load,) = [a for a in policy.schedule(0).actions if isinstance(a, LoadWeights)]
+    assert load.device == 1
+    policy.on_result(ok(load.action_id, 1, 0, 5 * MS), 5 * MS)
+    (infer,) = infers(policy.schedule(5 * MS))
+    policy.on_result(ok(infer.action_id, 1, 5 * MS, 11 * MS), 11 * MS)  # batch 1: 6 ms, not 2
+    now = 11 * MS
+    policy.schedule(now)
+    # Eight requests with 16 ms to go: on the slow kind a batch of 4 takes 15 ms and one of 8
+    # takes 27, so four are admitted; on the profile's kind all eight would fit (9 ms).
+    for i in range(8):
+        policy.on_request(request(i, "a", now, slo_ms=16), now)
+    decisions = policy.schedule(now)
+    rejected = [r for r in decisions.responses if r.status is ResponseStatus.REJECTED]
+    assert len(rejected) == 4 and all("deadline cannot be met" in r.reason for r in rejected)
+    (batch,) = infers(decisions)
+    assert batch.device == 1 and batch.batch_size == 4 and batch.expected_duration_ns == 15 * MS

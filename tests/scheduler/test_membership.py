@@ -13,7 +13,7 @@ from mainspring.time import NS_PER_MS
 from tests.fakes import PAGE, ok, profile, request
 
 MS = NS_PER_MS
-POLICIES = ["clockwork", "triton", "clipper"]
+POLICIES = ["clockwork", "infer4", "triton", "clipper"]
 
 
 def spec(device: int) -> DeviceSpec:
@@ -138,3 +138,24 @@ def test_models_are_added_and_removed_while_serving(policy: str) -> None:
     h.now += 10 * MS
     h.run_until_quiet(h.now + 100 * MS)
     assert h.answers[5].status is ResponseStatus.SUCCESS
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_late_result_of_a_model_removed_and_added_again_is_ignored(policy: str) -> None:
+    h = Harness(policy, [0])
+    h.policy.on_request(request(1, "a", 0, slo_ms=500), 0)
+    h.run_until_quiet(50 * MS)  # "a" is resident and served
+    h.policy.on_request(request(2, "a", h.now, slo_ms=500), h.now)
+    in_flight = [a for a in h.step(h.now) if isinstance(a, Infer)]
+    while not in_flight and h.wakeup is not None:  # a batching delay (the reactive baselines)
+        in_flight = [a for a in h.step(h.wakeup) if isinstance(a, Infer)]
+    assert in_flight
+    h.members.remove_model("a", h.now)
+    h.members.add_model(profile("a"))
+    for action in in_flight:  # the old residency's result arrives after the model came back
+        h.finish(action, h.now + 2 * MS)
+    h.now += 2 * MS
+    h.policy.on_request(request(3, "a", h.now, slo_ms=500), h.now)
+    h.run_until_quiet(h.now + 200 * MS)
+    assert h.answers[2].status is ResponseStatus.ERROR and "unloaded" in h.answers[2].reason
+    assert h.answers[3].status is ResponseStatus.SUCCESS

@@ -69,6 +69,7 @@ class ReactiveScheduler(PolicyBookkeeping):
         self._queues: dict[str, deque[Request]] = {}
         self._placement: dict[str, int] = {}
         self._in_flight: dict[int, Action] = {}
+        self._stale: set[int] = set()  # in-flight actions of a model unloaded since (maybe added again)
         self._batches: dict[int, list[Request]] = {}
         self._delay_ns = ms_to_ns(config.max_queue_delay_ms)
         self._timeout_ns = None if config.queue_timeout_ms is None else ms_to_ns(config.queue_timeout_ms)
@@ -88,7 +89,8 @@ class ReactiveScheduler(PolicyBookkeeping):
     def on_result(self, result: ActionResult, now_ns: int) -> None:
         action = self._in_flight.pop(result.action_id)
         device = self._devices[action.device]
-        if action.model not in self.profiles:  # unloaded meanwhile; its requests were answered then
+        if action.action_id in self._stale:  # unloaded meanwhile; its requests were answered then
+            self._stale.discard(action.action_id)
             self._batches.pop(action.action_id, None)
             if isinstance(action, Infer):
                 device.running = None
@@ -142,6 +144,7 @@ class ReactiveScheduler(PolicyBookkeeping):
             if action.device != device:
                 continue
             del self._in_flight[action_id]
+            self._stale.discard(action_id)
             for request in self._batches.pop(action_id, []):
                 if self._devices:
                     self._queues.setdefault(request.model, deque()).appendleft(request)
@@ -164,6 +167,7 @@ class ReactiveScheduler(PolicyBookkeeping):
             self._answer(request, ResponseStatus.ERROR, reason)
         for action_id, action in self._in_flight.items():
             if action.model == model:
+                self._stale.add(action_id)
                 for request in self._batches.get(action_id, []):
                     self._answer(request, ResponseStatus.ERROR, reason)
                 self._batches[action_id] = []

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -189,10 +189,27 @@ class Infer4Scheduler(PolicyBookkeeping):
         for action_id, flight in list(self._in_flight.items()):
             if flight.action.device == device:
                 del self._in_flight[action_id]
-                self._fail(flight.batch, f"worker of device {device} was lost", None)
+                self._requeue(flight.batch, f"worker of device {device} was lost", now_ns)
         if not self.devices:
             for name in list(self.models):
                 self._fail(list(self.models.pop(name).queue), "no worker is connected", None)
+
+    def _requeue(self, batch: list[_Queued], reason: str, now_ns: int) -> None:
+        """Requests of a lost batch go back to their queue if they can still start in time."""
+        for queued in batch:
+            name = queued.request.model
+            model = self.models.get(name)
+            if model is None or not self.devices or now_ns + self._b1_ns(name) > queued.deadline_ns:
+                self._fail([queued], f"{reason}; the deadline cannot be met", None)
+                continue
+            self.tracker.completed([queued.demand], None)  # its demand starts again, a load included
+            remaining = queued.deadline_ns - now_ns
+            queued.demand = self.tracker.add_request(name, self._b1_ns(name), remaining, remaining, now_ns)
+            insort(model.queue, queued, key=_seq)
+            heapq.heappush(self._timeouts, (queued.deadline_ns, queued.seq, name))
+            for device in self.devices.values():
+                if name in device.loaded:
+                    self._add_strategies(device, name, queued)
 
     def add_model(self, profile: ModelProfile) -> None:
         if profile.model in self.profiles:

@@ -62,7 +62,9 @@ def main() -> None:
     args = parser.parse_args()
     policies = parse_policies(args.policy)
     tasks = [(m, s, args.duration_s, args.target_rps, args.policy) for m in args.minutes for s in args.seeds]
-    print(f"{'minute':>6} {'seed':>4} {'scale':>6} {'requests':>9} {'busy':>6} " + " ".join(f"{p:>10}" for p in policies))
+    print(
+        f"{'minute':>6} {'seed':>4} {'scale':>6} {'requests':>9} {'busy':>6} " + " ".join(f"{p:>10}" for p in policies)
+    )
     rows = []
     with Pool(args.jobs) as pool:
         for row in pool.imap(run_window, tasks):

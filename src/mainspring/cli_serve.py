@@ -21,6 +21,9 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--repo", help="model repository (default ~/.mainspring/zoo, built on first start)")
     p.add_argument("--policy", help="scheduling policy (default clockwork)")
     p.add_argument("--slo-ms", type=float, help="default SLO in ms (default 100)")
+    p.add_argument(
+        "--deadline-margin-ms", type=float, help="plan batches to end this long before the deadline (default 1)"
+    )
     p.add_argument("--devices", help="local devices, comma-separated (default: every CUDA GPU, else cpu)")
     p.add_argument("--pool-mib", type=int, help="weight pool per device in MiB")
     p.add_argument(
@@ -56,6 +59,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "repo",
             "policy",
             "slo_ms",
+            "deadline_margin_ms",
             "devices",
             "pool_mib",
             "pin_cpu_workers",

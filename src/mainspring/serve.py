@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from mainspring.controller.service import ControllerService
+from mainspring.controller.service import DEFAULT_DEADLINE_MARGIN_MS, ControllerService
 from mainspring.frontend.dataplane import DataPlane
 from mainspring.frontend.http import make_app
 from mainspring.models.repository import ModelRepository
@@ -48,6 +48,7 @@ class ServeConfig:
     repo: str = ""  # default: ~/.mainspring/zoo, created with the built-in zoo on first start
     policy: str = DEFAULT_POLICY
     slo_ms: float = 100.0
+    deadline_margin_ms: float = DEFAULT_DEADLINE_MARGIN_MS  # time kept for the answer's trip back
     devices: str = ""  # comma-separated; default every CUDA GPU, else "cpu"
     pool_mib: int = 0  # per device; 0 = the runtime's default
     pin_cpu_workers: bool = False  # pin each local CPU worker's exec thread to its own core (the last ones)
@@ -65,6 +66,8 @@ class ServeConfig:
             problems.append(f"workers={self.workers!r} must be 'local' or 'tcp'")
         if self.policy not in policy_names():
             problems.append(f"policy={self.policy!r} is not one of {', '.join(policy_names())}")
+        if not 0 <= self.deadline_margin_ms < self.slo_ms:
+            problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must lie in [0, slo_ms)")
         for positive in ("slo_ms", "heartbeat_s", "worker_timeout_s", "join_timeout_s"):
             if not getattr(self, positive) > 0:
                 problems.append(f"{positive}={getattr(self, positive)} must be positive")
@@ -145,7 +148,7 @@ def ensure_repository(config: ServeConfig) -> ModelRepository:
 class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
-        self.service = ControllerService(config.policy, config.slo_ms)
+        self.service = ControllerService(config.policy, config.slo_ms, deadline_margin_ms=config.deadline_margin_ms)
         self.repo: ModelRepository | None = None
         self.hub = WorkerHub(
             f"tcp://{config.host}:{config.worker_port}", self.service, config.heartbeat_s, config.worker_timeout_s

@@ -96,7 +96,7 @@ class MembershipMachine(RuleBasedStateMachine):
         self.policy.on_result(result, self.now)
 
     # --- rules ------------------------------------------------------------------------------
-    @rule(model=st.sampled_from(sorted(MODELS) + ["zzz"]), slo_ms=st.sampled_from([5, 20, 100, 500]))
+    @rule(model=st.sampled_from([*sorted(MODELS), "zzz"]), slo_ms=st.sampled_from([5, 20, 100, 500]))
     def arrive(self, model: str, slo_ms: int) -> None:
         self.next_request += 1
         self.asked.add(self.next_request)
@@ -179,4 +179,3 @@ TestClockworkMembership = _SETTINGS(_machine("clockwork")).TestCase
 TestInfer4Membership = _SETTINGS(_machine("infer4")).TestCase
 TestTritonMembership = _SETTINGS(_machine("triton")).TestCase
 TestClipperMembership = _SETTINGS(_machine("clipper")).TestCase
-

@@ -14,13 +14,22 @@ from mainspring.scheduler.baselines.triton import TritonScheduler
 from mainspring.scheduler.clockwork import ClockworkConfig, ClockworkScheduler
 from mainspring.scheduler.infer4 import Infer4Scheduler
 
-SchedulerFactory = Callable[[Mapping[str, ModelProfile], Sequence[DeviceSpec], random.Random], Scheduler]
+# profiles, devices, seeded generator, deadline margin (ns: the result's trip back to the client)
+SchedulerFactory = Callable[[Mapping[str, ModelProfile], Sequence[DeviceSpec], random.Random, int], Scheduler]
+
+
+def _clockwork(
+    profiles: Mapping[str, ModelProfile], devices: Sequence[DeviceSpec], rng: random.Random, margin_ns: int
+) -> Scheduler:
+    return ClockworkScheduler(profiles, devices, ClockworkConfig(deadline_margin_ms=margin_ns / 1e6), rng)
+
 
 _FACTORIES: dict[str, SchedulerFactory] = {
-    "clockwork": lambda profiles, devices, rng: ClockworkScheduler(profiles, devices, ClockworkConfig(), rng),
-    "infer4": lambda profiles, devices, rng: Infer4Scheduler(profiles, devices, rng),
-    "triton": lambda profiles, devices, rng: TritonScheduler(profiles, devices, ReactiveConfig()),
-    "clipper": lambda profiles, devices, rng: ClipperScheduler(profiles, devices, ReactiveConfig()),
+    "clockwork": _clockwork,
+    # INFER4 keeps its own 5 ms buffer before every deadline; the baselines plan no deadlines.
+    "infer4": lambda profiles, devices, rng, margin_ns: Infer4Scheduler(profiles, devices, rng),
+    "triton": lambda profiles, devices, rng, margin_ns: TritonScheduler(profiles, devices, ReactiveConfig()),
+    "clipper": lambda profiles, devices, rng, margin_ns: ClipperScheduler(profiles, devices, ReactiveConfig()),
 }
 
 DEFAULT_POLICY = "clockwork"
@@ -44,10 +53,14 @@ def parse_policies(text: str) -> list[str]:
 
 
 def make_scheduler(
-    name: str, profiles: Mapping[str, ModelProfile], devices: Sequence[DeviceSpec], rng: random.Random
+    name: str,
+    profiles: Mapping[str, ModelProfile],
+    devices: Sequence[DeviceSpec],
+    rng: random.Random,
+    deadline_margin_ns: int = 0,
 ) -> Scheduler:
     try:
         factory = _FACTORIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(_FACTORIES)}") from None
-    return factory(profiles, devices, rng)
+    return factory(profiles, devices, rng, deadline_margin_ns)

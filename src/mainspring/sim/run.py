@@ -60,6 +60,7 @@ class SimulationResult:
     recorder: Recorder
     devices: list[EmulatedDevice]
     end_ns: int
+    labels: dict[int, str] = field(default_factory=dict)  # request id -> its workload part's label
 
 
 ProgressHook = Callable[[int], None]
@@ -89,7 +90,9 @@ class _Run:
             )
             for spec in specs
         ]
-        scheduler = make_scheduler(policy, by_name, specs, random.Random(_seed(config.seed, "scheduler")))
+        rng = random.Random(_seed(config.seed, "scheduler"))
+        # The margin covers the result's trip back, so that a batch planned to end on time is answered on time.
+        scheduler = make_scheduler(policy, by_name, specs, rng, deadline_margin_ns=config.network_latency_ns)
         if wrap is not None:
             scheduler = wrap(scheduler)
         links = {d.spec.device: self._link(d) for d in self.devices}
@@ -97,6 +100,7 @@ class _Run:
             scheduler, self.loop.clock, links, self._on_answer, self._wakeup, observer=self.recorder
         )
         self._arrival_of: dict[int, Arrival] = {}
+        self.labels: dict[int, str] = {}
         self._next_id = 0
         self._followups = 0
         self._arrivals: Iterator[Arrival] = iter(())
@@ -132,6 +136,8 @@ class _Run:
         slo = arrival.slo_ns if arrival.slo_ns is not None else self.config.slo_ns
         self._next_id += 1
         self._arrival_of[self._next_id] = arrival
+        if arrival.label:
+            self.labels[self._next_id] = arrival.label
         self.controller.submit(Request(self._next_id, arrival.model, now, now + slo, slo))
 
     def _on_answer(self, request: Request, response: Response, output: object) -> None:
@@ -203,5 +209,6 @@ def simulate(
         simulated_ns=end,
         wall_s=time.perf_counter() - started,
         events=run.loop.events_processed,
+        labels=run.labels,
     )
-    return SimulationResult(report, run.recorder, run.devices, end)
+    return SimulationResult(report, run.recorder, run.devices, end, run.labels)

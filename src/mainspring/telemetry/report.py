@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from mainspring.protocol import ResponseStatus
-from mainspring.telemetry.recorder import Recorder
+from mainspring.telemetry.recorder import Recorder, RequestRow
 from mainspring.time import NS_PER_S, ns_to_ms
 
 LATENCY_PERCENTILES = {"p50": 50.0, "p99": 99.0, "p999": 99.9, "p9999": 99.99}
@@ -41,6 +41,7 @@ class RunReport:
     simulated_s: float
     wall_s: float
     events: int
+    by_label: dict[str, dict[str, float]]  # per workload part: requests, goodput_rps, slo_attainment
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,6 +67,7 @@ def build_report(
     simulated_ns: int,
     wall_s: float,
     events: int = 0,
+    labels: Mapping[int, str] | None = None,
 ) -> RunReport:
     """Summarise a finished run. Rates are per second of the arrival window ``duration_ns``."""
     rows = recorder.requests
@@ -111,7 +113,25 @@ def build_report(
         simulated_s=simulated_ns / NS_PER_S,
         wall_s=wall_s,
         events=events,
+        by_label=_by_label(rows, labels or {}, seconds),
     )
+
+
+def _by_label(rows: Sequence[RequestRow], labels: Mapping[int, str], seconds: float) -> dict[str, dict[str, float]]:
+    """Attainment and goodput of each labelled part of the workload."""
+    if not labels:
+        return {}
+    totals: dict[str, list[int]] = {}
+    for row in rows:
+        label = labels.get(row.request_id)
+        if label is not None:
+            counts = totals.setdefault(label, [0, 0])
+            counts[0] += 1
+            counts[1] += row.good
+    return {
+        label: {"requests": n, "goodput_rps": good / seconds, "slo_attainment": good / n if n else 1.0}
+        for label, (n, good) in sorted(totals.items())
+    }
 
 
 _ROWS: list[tuple[str, str]] = [
@@ -145,6 +165,9 @@ def format_table(reports: Sequence[RunReport]) -> str:
         return "(no runs)"
     header = ["metric", *(r.policy for r in reports)]
     body = [[label, *(fmt.format(**r.to_json()) for r in reports)] for label, fmt in _ROWS]
+    for part in sorted({label for r in reports for label in r.by_label}):
+        cells = [f"{r.by_label[part]['slo_attainment']:.4%}" if part in r.by_label else "-" for r in reports]
+        body.append([f"attainment [{part}]", *cells])
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     lines = [f"{reports[0].workload}; {reports[0].models} models on {reports[0].devices} devices"]
     for row in [header, *body]:

@@ -82,17 +82,20 @@ def model_blocks(n_functions: int, n_models: int) -> list[range]:
 
 @dataclass
 class AzureTrace(Workload):
-    """Replay ``trace`` (path; None for the bundled sample) from ``start_minute`` at ``scale``."""
+    """Replay ``trace`` (path; None for the bundled sample) from ``start_minute`` at ``scale``;
+    with ``ramp_to``, the scale grows linearly from ``scale`` to ``ramp_to`` over the run
+    (Clockwork's Fig. 11 load ramp)."""
 
     trace: str | Path | None = None
     scale: float = 1.0
     start_minute: int = 0
+    ramp_to: float | None = None
     name = "azure"
     _functions: list[list[int]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not self.scale > 0:
-            raise ValueError(f"trace scale must be positive, got {self.scale}")
+        if not self.scale > 0 or (self.ramp_to is not None and not self.ramp_to > 0):
+            raise ValueError(f"trace scale must be positive, got {self.scale} (ramp to {self.ramp_to})")
         if not 0 <= self.start_minute < MINUTES_PER_DAY:
             raise ValueError(f"start minute must be in [0, {MINUTES_PER_DAY}), got {self.start_minute}")
         functions = read_trace(self.trace if self.trace is not None else bundled_trace_path())
@@ -111,12 +114,13 @@ class AzureTrace(Workload):
         minutes = -(-duration_ns // NS_PER_MINUTE)
         for minute in range(minutes):
             column = self.start_minute + minute
+            scale = self.scale_at(minute, minutes)
             times, targets = [], []
             for function, block in zip(self._functions, blocks, strict=True):
                 count = function[column] if column < len(function) else 0
                 if count == 0:
                     continue
-                n = int(generator.poisson(count * self.scale))
+                n = int(generator.poisson(count * scale))
                 if n == 0:
                     continue
                 times.append(generator.uniform(0, NS_PER_MINUTE, n).astype(np.int64) + minute * NS_PER_MINUTE)
@@ -131,8 +135,14 @@ class AzureTrace(Workload):
                     return
                 yield Arrival(t, names[m])
 
+    def scale_at(self, minute: int, minutes: int) -> float:
+        if self.ramp_to is None:
+            return self.scale
+        return self.scale + (self.ramp_to - self.scale) * (minute + 0.5) / minutes
+
     def describe(self) -> str:
-        return f"azure trace ({self.n_functions} functions) x{self.scale:g} from minute {self.start_minute}"
+        scale = f"x{self.scale:g}" + (f"..x{self.ramp_to:g}" if self.ramp_to is not None else "")
+        return f"azure trace ({self.n_functions} functions) {scale} from minute {self.start_minute}"
 
 
 def _pick_in_block(block: range, n: int, generator: np.random.Generator) -> np.ndarray:

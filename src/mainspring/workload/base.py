@@ -11,11 +11,13 @@ from mainspring.models.profile import ModelProfile
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One request to be made: when, to which model, with which SLO (None: the run's default)."""
+    """One request to be made: when, to which model, with which SLO (None: the run's default),
+    and a label naming the part of a composed workload it belongs to (reports break down by it)."""
 
     time_ns: int
     model: str
     slo_ns: int | None = None
+    label: str = ""
 
 
 class Workload:

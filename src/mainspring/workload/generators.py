@@ -123,7 +123,7 @@ class ClosedLoop(Workload):
 
     def on_answer(self, arrival: Arrival, answered_ns: int, succeeded: bool) -> Arrival | None:
         next_ns = answered_ns + s_to_ns(self.think_s if succeeded else max(self.think_s, self.backoff_s))
-        return Arrival(next_ns, arrival.model, arrival.slo_ns) if next_ns < self._end_ns else None
+        return Arrival(next_ns, arrival.model, arrival.slo_ns, arrival.label) if next_ns < self._end_ns else None
 
     def describe(self) -> str:
         return f"closed loop, {self.clients} clients x {self.outstanding} outstanding"
@@ -149,19 +149,24 @@ class SloSweep(Workload):
             _positive(field_name, getattr(self, field_name))
         if self.growth < 1:
             raise ValueError(f"growth must be at least 1, got {self.growth}")
+        self._by_name: dict[str, ModelProfile] = {}
 
     def factor_at(self, time_ns: int) -> float:
         steps = time_ns // s_to_ns(self.interval_s)
         return min(self.max_factor, self.start_factor * self.growth**steps)
 
     def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
-        by_name = {m.model: m for m in models}
+        self._by_name = {m.model: m for m in models}
         for arrival in self.inner.arrivals(models, duration_ns, rng):
-            slo = by_name[arrival.model].slo_ns_for_factor(self.factor_at(arrival.time_ns))
-            yield Arrival(arrival.time_ns, arrival.model, slo)
+            yield self._with_slo(arrival)
+
+    def _with_slo(self, arrival: Arrival) -> Arrival:
+        slo = self._by_name[arrival.model].slo_ns_for_factor(self.factor_at(arrival.time_ns))
+        return Arrival(arrival.time_ns, arrival.model, slo, arrival.label)
 
     def on_answer(self, arrival: Arrival, answered_ns: int, succeeded: bool) -> Arrival | None:
-        return self.inner.on_answer(arrival, answered_ns, succeeded)
+        follow = self.inner.on_answer(arrival, answered_ns, succeeded)
+        return None if follow is None else self._with_slo(follow)  # a closed loop's next request: today's SLO
 
     def describe(self) -> str:
         steps = f"x{self.growth:g} every {self.interval_s:g} s"

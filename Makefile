@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run simulate test lint bench clean
+.PHONY: run simulate test lint bench paper clean
 
 $(STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/cpu_exec_settings.py
 	$(BIN)/python benchmarks/serving_overhead.py
 	$(BIN)/python benchmarks/controller_throughput.py
+
+# Clockwork's evaluation in the simulator (benchmarks/paper/), written to docs/paper.md; PAPER_ARGS=--quick for a smoke run.
+paper: $(STAMP)
+	cd benchmarks/paper && for fig in fig5 fig6 fig7 fig8 fig9 fig11; do \
+		MAINSPRING_PAPER_OUT=../../out/paper ../../$(BIN)/python $$fig.py $(PAPER_ARGS) || exit 1; done
+	cd benchmarks/paper && MAINSPRING_PAPER_OUT=../../out/paper ../../$(BIN)/python write_doc.py ../../docs/paper.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,34 @@ def run_window(task: tuple[int, int, float, float, str]) -> dict[str, Any]:
     return row
 
 
+def write_markdown(rows: list[dict[str, Any]], policies: list[str], args: argparse.Namespace) -> None:
+    """The section of docs/paper.md (through ``common.write_section``)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from common import markdown_table, write_section
+
+    table = []
+    for row in rows:
+        cells = [f"{1e6 * row[p]['misses'] / row['requests']:.1f}" for p in policies]
+        table.append(
+            [
+                row["minute"],
+                row["seed"],
+                f"x{row['scale']:g}",
+                row["requests"],
+                f"{row[policies[0]]['busy']:.1%}",
+                *cells,
+            ]
+        )
+    write_section(
+        "azure_windows",
+        "Azure replay on windows across the day (misses per million requests)",
+        f"4,026 models, 6 emulated V100s, 100 ms SLO, {args.duration_s:g} s per window, each window at the scale "
+        f"that offers {args.target_rps:g} r/s on average; misses = requests not answered successfully within the "
+        "SLO, per million. `benchmarks/paper/azure_windows.py` (not part of `make paper`: about an hour here).",
+        markdown_table(["minute", "seed", "scale", "requests", "busy", *policies], table),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=int, nargs="+", default=list(MINUTES))
@@ -59,8 +88,12 @@ def main() -> None:
     parser.add_argument("--policy", default="clockwork,infer4,triton,clipper")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--from-json", type=Path, help="only write the docs section from an earlier --json")
     args = parser.parse_args()
     policies = parse_policies(args.policy)
+    if args.from_json is not None:
+        write_markdown(json.loads(args.from_json.read_text()), policies, args)
+        return
     tasks = [(m, s, args.duration_s, args.target_rps, args.policy) for m in args.minutes for s in args.seeds]
     print(
         f"{'minute':>6} {'seed':>4} {'scale':>6} {'requests':>9} {'busy':>6} " + " ".join(f"{p:>10}" for p in policies)
@@ -74,6 +107,7 @@ def main() -> None:
             cells = " ".join(f"{v:>10.1f}" for v in per_million)
             print(f"{row['minute']:>6} {row['seed']:>4} {row['scale']:>6g} {row['requests']:>9} {busy:>6.1%} {cells}")
     print("misses per million requests (not answered successfully within the SLO); busy: clockwork's devices")
+    write_markdown(rows, policies, args)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

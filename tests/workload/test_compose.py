@@ -67,9 +67,12 @@ def test_an_slo_sweep_over_a_closed_loop_gives_follow_ups_the_current_slo() -> N
 
 
 def test_an_azure_ramp_grows_the_load() -> None:
-    ramp = AzureTrace(scale=1.0, ramp_to=9.0)
-    assert ramp.scale_at(0, 10) == pytest.approx(1.4) and ramp.scale_at(9, 10) == pytest.approx(8.6)
-    assert "x1..x9" in ramp.describe()
+    ramp = AzureTrace(scale=10.0, ramp_to=90.0)
+    assert ramp.scale_at(0, 60 * NS_PER_S) == 10.0 and ramp.scale_at(30 * NS_PER_S, 60 * NS_PER_S) == 50.0
+    assert "x10..x90" in ramp.describe()
+    arrivals = list(ramp.arrivals(MODELS, 60 * NS_PER_S, random.Random(1)))
+    first, last = (sum(1 for a in arrivals if lo <= a.time_ns < lo + 10 * NS_PER_S) for lo in (0, 50 * NS_PER_S))
+    assert 4.5 * first < last < 5.5 * first  # the scales over the two windows average 16.7 and 83.3
 
 
 def test_a_network_delay_is_planned_for_so_no_success_is_late() -> None:

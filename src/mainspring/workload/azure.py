@@ -114,31 +114,41 @@ class AzureTrace(Workload):
         minutes = -(-duration_ns // NS_PER_MINUTE)
         for minute in range(minutes):
             column = self.start_minute + minute
-            scale = self.scale_at(minute, minutes)
+            start_ns = minute * NS_PER_MINUTE
+            peak = max(self.scale_at(start_ns, duration_ns), self.scale_at(start_ns + NS_PER_MINUTE, duration_ns))
             times, targets = [], []
             for function, block in zip(self._functions, blocks, strict=True):
                 count = function[column] if column < len(function) else 0
                 if count == 0:
                     continue
-                n = int(generator.poisson(count * scale))
+                n = int(generator.poisson(count * peak))
                 if n == 0:
                     continue
-                times.append(generator.uniform(0, NS_PER_MINUTE, n).astype(np.int64) + minute * NS_PER_MINUTE)
+                times.append(generator.uniform(0, NS_PER_MINUTE, n).astype(np.int64) + start_ns)
                 targets.append(_pick_in_block(block, n, generator))
             if not times:
                 continue
             all_times = np.concatenate(times)
             all_targets = np.concatenate(targets)
+            if self.ramp_to is not None:  # thinning: keep an arrival with the ramp's scale at its time
+                keep = generator.uniform(0, peak, all_times.size) < self.scale_at_array(all_times, duration_ns)
+                all_times, all_targets = all_times[keep], all_targets[keep]
             order = np.argsort(all_times, kind="stable")
             for t, m in zip(all_times[order].tolist(), all_targets[order].tolist(), strict=True):
                 if t >= duration_ns:
                     return
                 yield Arrival(t, names[m])
 
-    def scale_at(self, minute: int, minutes: int) -> float:
+    def scale_at(self, time_ns: int, duration_ns: int) -> float:
+        """The scale at ``time_ns`` of a run of ``duration_ns`` (linear from ``scale`` to ``ramp_to``)."""
         if self.ramp_to is None:
             return self.scale
-        return self.scale + (self.ramp_to - self.scale) * (minute + 0.5) / minutes
+        return self.scale + (self.ramp_to - self.scale) * min(time_ns, duration_ns) / max(duration_ns, 1)
+
+    def scale_at_array(self, times_ns: np.ndarray, duration_ns: int) -> np.ndarray:
+        assert self.ramp_to is not None
+        fraction = np.minimum(times_ns, duration_ns) / max(duration_ns, 1)
+        return np.asarray(self.scale + (self.ramp_to - self.scale) * fraction, dtype=np.float64)
 
     def describe(self) -> str:
         scale = f"x{self.scale:g}" + (f"..x{self.ramp_to:g}" if self.ramp_to is not None else "")

@@ -37,6 +37,12 @@ class PolicyBookkeeping:
             pages = self._pages[key] = self.profiles[model].pages(spec.page_bytes)
         return pages
 
+    def add_model(self, profile: ModelProfile) -> None:
+        """Serve a new model (``Membership``); its profile is all a policy needs to plan it."""
+        if profile.model in self.profiles:
+            raise ValueError(f"model {profile.model!r} is already served")
+        self.profiles[profile.model] = profile
+
     def _forget_model(self, model: str) -> None:
         del self.profiles[model]
         for key in [k for k in self._pages if k[0] == model]:

@@ -156,11 +156,6 @@ class ReactiveScheduler(PolicyBookkeeping):
                     self._answer(request, ResponseStatus.ERROR, "no worker is connected")
             self._queues.clear()
 
-    def add_model(self, profile: ModelProfile) -> None:
-        if profile.model in self.profiles:
-            raise ValueError(f"model {profile.model!r} is already served")
-        self.profiles[profile.model] = profile
-
     def remove_model(self, model: str, now_ns: int) -> None:
         reason = f"model {model!r} was unloaded"
         for request in self._queues.pop(model, ()):

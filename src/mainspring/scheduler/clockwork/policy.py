@@ -157,11 +157,6 @@ class ClockworkScheduler(PolicyBookkeeping):
                 reason = f"worker of device {device} was lost; the deadline cannot be met"
                 self._answer(request, ResponseStatus.ERROR, reason)
 
-    def add_model(self, profile: ModelProfile) -> None:
-        if profile.model in self.profiles:
-            raise ValueError(f"model {profile.model!r} is already served")
-        self.profiles[profile.model] = profile
-
     def remove_model(self, model: str, now_ns: int) -> None:
         reason = f"model {model!r} was unloaded"
         for request in self.queues.take_all(model):

@@ -211,11 +211,6 @@ class Infer4Scheduler(PolicyBookkeeping):
                 if name in device.loaded:
                     self._add_strategies(device, name, queued)
 
-    def add_model(self, profile: ModelProfile) -> None:
-        if profile.model in self.profiles:
-            raise ValueError(f"model {profile.model!r} is already served")
-        self.profiles[profile.model] = profile
-
     def remove_model(self, model: str, now_ns: int) -> None:
         reason = f"model {model!r} was unloaded"
         entry = self.models.pop(model, None)

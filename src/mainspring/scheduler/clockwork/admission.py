@@ -26,7 +26,7 @@ VictimFinder = Callable[[DeviceState, str], "list[str] | None"]
 
 
 class Admission:
-    """Decides, at arrival, whether a request is queued; remembers the demand of what was queued."""
+    """Decides, at arrival, whether a request is queued; remembers the demand of arrivals."""
 
     def __init__(
         self,

@@ -149,24 +149,21 @@ class MembershipMachine(RuleBasedStateMachine):
     def nothing_answered_that_was_not_asked(self) -> None:
         assert self.answered <= self.asked
 
+    def finish_everything(self) -> None:
+        for _ in range(1000):
+            busy = [d for d, device in self.devices.items() if device.pending]
+            if not busy:
+                return
+            self.now += 1 * MS
+            self.deliver(busy[0], ActionStatus.OK)
+            self.step()
+
     def teardown(self) -> None:
         """Finish every action and let every deadline pass: every request has its one answer."""
-        for _ in range(1000):
-            busy = [d for d, device in self.devices.items() if device.pending]
-            if not busy:
-                break
-            self.now += 1 * MS
-            self.deliver(busy[0], ActionStatus.OK)
-            self.step()
+        self.finish_everything()
         self.now += 10 * NS_PER_S
         self.step()
-        for _ in range(1000):
-            busy = [d for d, device in self.devices.items() if device.pending]
-            if not busy:
-                break
-            self.now += 1 * MS
-            self.deliver(busy[0], ActionStatus.OK)
-            self.step()
+        self.finish_everything()
         assert self.answered == self.asked, f"never answered: {sorted(self.asked - self.answered)[:10]}"
 
 

@@ -12,6 +12,7 @@ take the excess: a burst is moved onto idle capacity first, refused only when no
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from mainspring.protocol import Request
 from mainspring.scheduler.clockwork.config import ClockworkConfig
@@ -23,6 +24,13 @@ from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.time import ms_to_ns, ns_to_ms
 
 VictimFinder = Callable[[DeviceState, str], "list[str] | None"]
+
+
+class Refusal(NamedTuple):
+    """Why a request is rejected at arrival; ``overloaded``: for its model's share, not its deadline."""
+
+    reason: str
+    overloaded: bool
 
 
 class Admission:
@@ -67,7 +75,7 @@ class Admission:
         return 0.0 if rate is None else rate.value(now_ns) * self._shapes.fastest_ns(model, kind)
 
     # --- the decision -------------------------------------------------------------------------
-    def rejection(self, request: Request, now_ns: int) -> str | None:
+    def rejection(self, request: Request, now_ns: int) -> Refusal | None:
         """Why ``request`` must be rejected now, or None to queue it."""
         model = request.model
         finish_by = request.deadline_ns - self._margin_ns
@@ -75,16 +83,18 @@ class Admission:
         on_holder = min((self._completion_on(d, request, now_ns) for d in held), default=NEVER)
         if on_holder <= finish_by and (not self.config.share_admission or self._within_share(request, now_ns)):
             return None
-        on_new = self._completion_after_load(request, now_ns, exclude=held)
+        on_new = self._completion_after_load(request, now_ns, finish_by, needs_room=bool(held))
         if on_new <= finish_by:
             if held:
                 self.needs_replica.add(model)
             return None
         if on_holder <= finish_by:
-            return f"overloaded: requests queued for {model} already fill its share of the devices until the deadline"
+            reason = f"overloaded: requests queued for {model} already fill its share of the devices until the deadline"
+            return Refusal(reason, overloaded=True)
         need = ns_to_ms(min(on_holder, on_new) - request.arrival_ns)
         slo = ns_to_ms(request.slo_ns)
-        return f"deadline cannot be met: earliest completion {need:.2f} ms after arrival, SLO {slo:.2f} ms"
+        reason = f"deadline cannot be met: earliest completion {need:.2f} ms after arrival, SLO {slo:.2f} ms"
+        return Refusal(reason, overloaded=False)
 
     def _completion_on(self, device: DeviceState, request: Request, now_ns: int) -> int:
         """When ``request`` could finish on a holder: after the lane frees and the weights are ready,
@@ -112,21 +122,24 @@ class Admission:
             work += self._shapes.work_ns(other, queue.count, device.kind) // len(self._residency.holders[other])
         return work
 
-    def _completion_after_load(self, request: Request, now_ns: int, exclude: list[DeviceState]) -> int:
-        """Best finish on a device not in ``exclude`` that loads the model first (room permitting)."""
+    def _completion_after_load(self, request: Request, now_ns: int, finish_by_ns: int, needs_room: bool) -> int:
+        """Best finish on a device not holding the model, after loading it. A replica
+        (``needs_room``) counts only where idle models make room; that is checked only for
+        devices fast enough to matter (the check walks the device's models)."""
         model = request.model
         best = NEVER
         estimator = self._shapes.estimator
         for device in self._residency.devices:
-            if device in exclude or model in device.ready_ns:
+            if model in device.ready_ns:
                 continue
             ready = max(now_ns, device.load_lane.free_ns) + estimator.load_ns(model, device.kind)
             start = max(ready, device.exec_lane.free_ns)
             if self.config.device_admission:
                 start += self._work_ahead(device, request)
             finish = start + self._shapes.fastest_ns(model, device.kind)
-            if finish < best and (not exclude or self._idle_victims(device, model) is not None):
-                best = finish
+            if finish <= finish_by_ns and needs_room and self._idle_victims(device, model) is None:
+                continue
+            best = min(best, finish)
         return best
 
     def _within_share(self, request: Request, now_ns: int) -> bool:

@@ -93,14 +93,14 @@ class ClockworkScheduler(PolicyBookkeeping):
         model = request.model
         if self.config.demand_counts_rejected:
             self.admission.record(model, now_ns)
-        reason = self.admission.rejection(request, now_ns)
-        if reason is None:
+        refusal = self.admission.rejection(request, now_ns)
+        if refusal is None:
             if not self.config.demand_counts_rejected:
                 self.admission.record(model, now_ns)
             self._enqueue(request)
             return
-        self._answer(request, ResponseStatus.REJECTED, reason)
-        if model not in self.residency.holders and not reason.startswith("overloaded"):
+        self._answer(request, ResponseStatus.REJECTED, refusal.reason)
+        if model not in self.residency.holders and not refusal.overloaded:
             self.loads.turned_away.add(model)  # load it anyway, so that later requests can be served
 
     def on_result(self, result: ActionResult, now_ns: int) -> None:

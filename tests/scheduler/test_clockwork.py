@@ -240,3 +240,20 @@ def test_a_fleet_of_two_kinds_is_planned_with_each_kind_s_estimates() -> None:
     assert len(rejected) == 4 and all("deadline cannot be met" in r.reason for r in rejected)
     (batch,) = infers(decisions)
     assert batch.device == 1 and batch.batch_size == 4 and batch.expected_duration_ns == 15 * MS
+
+
+def test_one_stall_does_not_lock_a_model_out_for_good() -> None:
+    policy = scheduler(estimate_max_age_s=1.0)  # default 60 s
+    now = warm(policy, "a")
+    policy.on_request(request(1, "a", now, slo_ms=100), now)
+    (infer,) = infers(policy.schedule(now))
+    stalled = now + 3_000 * MS  # the machine stalled: three seconds for a 2 ms batch
+    policy.on_result(ok(infer.action_id, 0, now, stalled), stalled)
+    policy.schedule(stalled)
+    policy.on_request(request(2, "a", stalled, slo_ms=100), stalled)
+    (refused,) = policy.schedule(stalled).responses
+    assert refused.status is ResponseStatus.REJECTED and "deadline cannot be met" in refused.reason
+    later = stalled + 1_001 * MS  # the stall's measurement has aged out
+    policy.on_request(request(3, "a", later, slo_ms=100), later)
+    (served,) = infers(policy.schedule(later))
+    assert served.request_ids == (3,)

@@ -27,7 +27,8 @@ ARGS = {"mlp": {}, "resnet18": RESNET_ARGS, "bert_tiny": {}}
 def server(small_zoo: ModelRepository, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("serve")
     shutil.copytree(small_zoo.root, folder / "repo")
-    process = ServerProcess(folder / "repo", folder / "server.log", "--slo-ms", "2000")  # generous: a shared CPU
+    # These tests check answers, not latency: a generous SLO (a CI machine once stalled 3.7 s).
+    process = ServerProcess(folder / "repo", folder / "server.log", "--slo-ms", "30000")
     try:
         process.wait_ready()
         yield process

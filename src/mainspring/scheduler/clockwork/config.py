@@ -29,12 +29,15 @@ class ClockworkConfig:
     could not follow, pass over it for the largest batch that fits (INFER4's skip).
     ``lookahead_within_share``: the lookahead only spares models within their share.
     ``share_full_batch``: a model over its share may still queue one full batch.
-    ``start_early``: infers may start as soon as the lane is free (earliest = now)."""
+    ``start_early``: infers may start as soon as the lane is free (earliest = now).
+    ``estimate_max_age_s``: measurements older than this stop counting (None: never), so one
+    stall cannot lock a model out for good; models measured less often fall back to the profile."""
 
     horizon_ms: float = 5.0
     window_slack_ms: float | None = None
     estimate_window: int = 10
     estimate_percentile: float = 99.0
+    estimate_max_age_s: float | None = 60.0
     max_batch_size: int = 16
     replication_check_ms: float = 10.0
     replica_min_demand: float = 0.05
@@ -62,6 +65,8 @@ class ClockworkConfig:
             problems.append(f"min_share={self.min_share} must lie in (0, 1], rate_memory_ms={self.rate_memory_ms} > 0")
         if self.deadline_margin_ms < 0:
             problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must not be negative")
+        if self.estimate_max_age_s is not None and self.estimate_max_age_s <= 0:
+            problems.append(f"estimate_max_age_s={self.estimate_max_age_s} must be positive (or None)")
         if self.max_batch_size < 1:
             problems.append(f"max_batch_size={self.max_batch_size} must be at least 1")
         if problems:

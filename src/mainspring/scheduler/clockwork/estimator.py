@@ -2,6 +2,9 @@
 
 Per (model, batch size, device kind) for inference and per (model, device kind)
 for weight loads; seeded from the model's profile until measurements arrive.
+Measurements may also age out (``max_age_ns``): one stall measured on a shared machine
+would otherwise hold a model's estimate above every SLO, so that no request is admitted
+and no new measurement ever replaces it.
 """
 
 from __future__ import annotations
@@ -19,20 +22,37 @@ _K = TypeVar("_K", bound=Hashable)
 class RollingPercentile:
     """The ``percentile`` of the last ``window`` values (nearest rank), cached between updates."""
 
-    __slots__ = ("_percentile", "_values", "count", "full", "value")
+    __slots__ = ("_percentile", "_seed", "_values", "added", "count", "full", "value")
 
     def __init__(self, seed_value: int, window: int, percentile: float) -> None:
         self._values: deque[int] = deque(maxlen=window)
         self._percentile = percentile
+        self._seed = seed_value
         self.value = seed_value
         self.count = 0
+        self.added = 0  # values ever added: numbers them, so that an expiry can tell if one is still held
         self.full = False
 
     def add(self, measured: int) -> None:
+        self._values.append(measured)
+        self.added += 1
+        self._update()
+
+    def holds(self, serial: int) -> bool:
+        """Is the ``serial``-th value added (counting from 1) still in the window?"""
+        return serial > self.added - len(self._values)
+
+    def drop_oldest(self) -> None:
+        self._values.popleft()
+        self._update()
+
+    def _update(self) -> None:
         values = self._values
-        values.append(measured)
         self.count = len(values)
         self.full = self.count == values.maxlen
+        if not values:
+            self.value = self._seed
+            return
         ordered = sorted(values)
         rank = max(1, math.ceil(self._percentile / 100.0 * self.count))
         self.value = ordered[rank - 1]
@@ -57,9 +77,10 @@ class Estimator:
         window: int = 10,
         percentile: float = 99.0,
         borrow_kind_ratio: bool = True,
+        max_age_ns: int | None = None,
     ) -> None:
-        if window < 1 or not 0 < percentile <= 100:
-            raise ValueError(f"bad estimator settings: window={window}, percentile={percentile}")
+        if window < 1 or not 0 < percentile <= 100 or (max_age_ns is not None and max_age_ns <= 0):
+            raise ValueError(f"bad estimator settings: window={window}, percentile={percentile}, max age {max_age_ns}")
         self._profiles = profiles
         self._window = window
         self._percentile = percentile
@@ -68,6 +89,8 @@ class Estimator:
         self._load: dict[tuple[str, str], RollingPercentile] = {}
         self._exec_ratio: dict[str, RollingPercentile] = {}
         self._load_ratio: dict[str, RollingPercentile] = {}
+        self._max_age_ns = max_age_ns
+        self._observed: deque[tuple[int, RollingPercentile, int]] = deque()  # (when, window, serial)
 
     def forget(self, model: str) -> None:
         """Drop a model's measurements (it was unloaded; a new version starts from its profile)."""
@@ -108,15 +131,32 @@ class Estimator:
         entry = self._load.get((model, kind))
         return self._estimate(entry, self._load_ratio.get(kind), self._profiles[model].load_ns)
 
-    def observe_exec(self, model: str, batch_size: int, kind: str, measured_ns: int) -> None:
+    def observe_exec(self, model: str, batch_size: int, kind: str, measured_ns: int, at_ns: int) -> None:
         profiled = self._profiles[model].exec_ns[batch_size]
-        self._entry(self._exec, (model, batch_size, kind), profiled).add(measured_ns)
-        self._ratio(self._exec_ratio, kind).add(measured_ns * PPM // max(profiled, 1))
+        self._add(self._entry(self._exec, (model, batch_size, kind), profiled), measured_ns, at_ns)
+        self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns)
 
-    def observe_load(self, model: str, kind: str, measured_ns: int) -> None:
+    def observe_load(self, model: str, kind: str, measured_ns: int, at_ns: int) -> None:
         profiled = self._profiles[model].load_ns
-        self._entry(self._load, (model, kind), profiled).add(measured_ns)
-        self._ratio(self._load_ratio, kind).add(measured_ns * PPM // max(profiled, 1))
+        self._add(self._entry(self._load, (model, kind), profiled), measured_ns, at_ns)
+        self._add(self._ratio(self._load_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns)
+
+    def _add(self, window: RollingPercentile, value: int, at_ns: int) -> None:
+        window.add(value)
+        if self._max_age_ns is not None:
+            self._observed.append((at_ns, window, window.added))
+
+    def expire(self, now_ns: int) -> None:
+        """Forget measurements older than the maximum age. Oldest first across all windows, so
+        each expired one is its window's oldest, unless the window has already let it go."""
+        if self._max_age_ns is None:
+            return
+        cutoff = now_ns - self._max_age_ns
+        observed = self._observed
+        while observed and observed[0][0] < cutoff:
+            _, window, serial = observed.popleft()
+            if window.holds(serial):
+                window.drop_oldest()
 
 
 class DecayingRate:

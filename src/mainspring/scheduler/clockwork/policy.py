@@ -75,7 +75,9 @@ class ClockworkScheduler(PolicyBookkeeping):
         super().__init__(profiles)
         self.config = config = config or ClockworkConfig()
         self.rng = rng or random.Random(0)
-        self.estimator = Estimator(self.profiles, config.estimate_window, config.estimate_percentile)
+        max_age = None if config.estimate_max_age_s is None else ms_to_ns(config.estimate_max_age_s * 1000)
+        window, percentile = config.estimate_window, config.estimate_percentile
+        self.estimator = Estimator(self.profiles, window, percentile, max_age_ns=max_age)
         self.shapes = BatchShapes(self.profiles, self.estimator, config.max_batch_size)
         self.residency = Residency(list(devices), ms_to_ns(config.rate_memory_ms))
         self.queues = RequestQueues()
@@ -90,6 +92,7 @@ class ClockworkScheduler(PolicyBookkeeping):
     def on_request(self, request: Request, now_ns: int) -> None:
         if self._refuse_unservable(request, (d.spec for d in self.residency.devices)):
             return
+        self.estimator.expire(now_ns)
         model = request.model
         if self.config.demand_counts_rejected:
             self.admission.record(model, now_ns)
@@ -122,6 +125,7 @@ class ClockworkScheduler(PolicyBookkeeping):
     def schedule(self, now_ns: int) -> Decisions:
         decisions = Decisions()
         self._expire(now_ns)
+        self.estimator.expire(now_ns)
         limit = now_ns + self.horizon_ns
         for device in self.residency.devices:
             if device.waiting and device.exec_lane.free_ns <= limit:
@@ -360,7 +364,9 @@ class ClockworkScheduler(PolicyBookkeeping):
         if result.ok:
             assert result.timing is not None
             if current:
-                self.estimator.observe_exec(action.model, action.batch_size, device.kind, result.timing.duration_ns)
+                timing = result.timing
+                measured = timing.duration_ns
+                self.estimator.observe_exec(action.model, action.batch_size, device.kind, measured, timing.end_ns)
             for request in batch:
                 self._answer(request, ResponseStatus.SUCCESS, action_id=action.action_id)
             return
@@ -377,7 +383,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         model = action.model
         if result.ok:
             assert result.timing is not None
-            self.estimator.observe_load(model, device.kind, result.timing.duration_ns)
+            self.estimator.observe_load(model, device.kind, result.timing.duration_ns, result.timing.end_ns)
             device.ready_ns[model] = result.timing.end_ns
             device.loading.discard(model)
             return

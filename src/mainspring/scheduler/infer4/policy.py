@@ -319,7 +319,9 @@ class Infer4Scheduler(PolicyBookkeeping):
             return
         if result.ok:
             assert result.timing is not None
-            self.estimator.observe_exec(action.model, action.batch_size, device.spec.kind, result.timing.duration_ns)
+            self.estimator.observe_exec(
+                action.model, action.batch_size, device.spec.kind, result.timing.duration_ns, result.timing.end_ns
+            )
             for queued in batch:
                 self._answer(queued.request, ResponseStatus.SUCCESS, action_id=action.action_id)
             self.tracker.completed([q.demand for q in batch], device.spec.device)
@@ -401,7 +403,7 @@ class Infer4Scheduler(PolicyBookkeeping):
             device.free_pages += self.pages_of(name, device.spec)
             return
         assert result.timing is not None
-        self.estimator.observe_load(name, device.spec.kind, result.timing.duration_ns)
+        self.estimator.observe_load(name, device.spec.kind, result.timing.duration_ns, result.timing.end_ns)
         device.loaded.add(name)
         model = self.models.get(name)
         for queued in model.queue if model is not None else ():

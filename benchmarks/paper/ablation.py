@@ -34,7 +34,13 @@ VARIANTS: dict[str, dict[str, object]] = {
     "with device_admission": {"device_admission": True},
     "without demand_counts_rejected": {"demand_counts_rejected": False},
     "with start_early": {"start_early": True},
-    "before (none of the three)": {"whole_batches": False, "lookahead_within_share": False, "share_full_batch": False},
+    "without efficient_when_contended": {"efficient_when_contended": False},
+    "before (none of the four)": {
+        "whole_batches": False,
+        "lookahead_within_share": False,
+        "share_full_batch": False,
+        "efficient_when_contended": False,
+    },
 }
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from common import OUT
 
-ORDER = ("fig5", "fig6", "fig7", "fig8", "fig9", "fig11", "azure_windows")
+ORDER = ("fig5", "overload", "fig6", "fig7", "fig8", "fig9", "fig11", "azure_windows")
 HEADER = """# Clockwork's evaluation, reproduced in the simulator
 
 Written by `make paper` (each section by `benchmarks/paper/<figure>.py`, which prints the same table).

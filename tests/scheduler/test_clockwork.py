@@ -257,3 +257,35 @@ def test_one_stall_does_not_lock_a_model_out_for_good() -> None:
     policy.on_request(request(3, "a", later, slo_ms=100), later)
     (served,) = infers(policy.schedule(later))
     assert served.request_ids == (3,)
+
+
+def test_a_spike_in_one_batch_size_s_estimate_pads_to_a_faster_size() -> None:
+    policy = scheduler()
+    now = warm(policy, "a")
+    for _ in range(10):
+        policy.estimator.observe_exec("a", 8, "v100", 9 * MS, at_ns=now)
+    policy.estimator.observe_exec("a", 4, "v100", 20 * MS, at_ns=now)  # one spike: batch 4 now looks slower than 8
+    for i in range(3):
+        policy.on_request(request(i, "a", now, slo_ms=10), now)
+    (batch,) = infers(policy.schedule(now))
+    assert batch.batch_size == 8 and batch.request_ids == (0, 1, 2)  # 9 ms meets the deadline; "4" would not
+    assert batch.latest_ns >= batch.earliest_ns  # never an action that cannot start in time
+
+
+def contended(b_slo_ms: float) -> list[Infer]:
+    """Model a: one request that must start now (batch 1: 2 ms); model b: eight (batch 8: 9 ms)."""
+    policy = scheduler(max_batch_slo_fraction=1.0)  # let a batch take all of an SLO this short
+    now = warm(policy, "b", at=warm(policy, "a"))
+    policy.on_request(request(1, "a", now, slo_ms=3), now)
+    for i in range(8):
+        policy.on_request(request(10 + i, "b", now, slo_ms=b_slo_ms), now)
+    return infers(policy.schedule(now))
+
+
+def test_past_saturation_the_batch_that_serves_more_per_ms_runs() -> None:
+    # Both cannot make it (2 + 9 ms > 10 ms): the eight requests of b go before the one of a.
+    (first, *_) = contended(b_slo_ms=10)
+    assert first.model == "b" and first.batch_size == 8
+    # When deadline order serves both (2 + 9 ms <= 12 ms), it stays.
+    first, second = contended(b_slo_ms=12)
+    assert (first.model, second.model) == ("a", "b") and second.batch_size == 8

@@ -30,6 +30,9 @@ class ClockworkConfig:
     ``lookahead_within_share``: the lookahead only spares models within their share.
     ``share_full_batch``: a model over its share may still queue one full batch.
     ``start_early``: infers may start as soon as the lane is free (earliest = now).
+    ``efficient_when_contended``: when the waiting models' batches cannot all meet their deadlines
+    in deadline order, run the one that serves the most requests per unit of lane time (a model
+    within its share keeps deadline order against models over theirs).
     ``estimate_max_age_s``: measurements older than this stop counting (None: never), so one
     stall cannot lock a model out for good; models measured less often fall back to the profile."""
 
@@ -54,6 +57,7 @@ class ClockworkConfig:
     lookahead_within_share: bool = True
     share_full_batch: bool = True
     start_early: bool = False
+    efficient_when_contended: bool = True
 
     def __post_init__(self) -> None:
         problems = []

@@ -222,8 +222,8 @@ class ClockworkScheduler(PolicyBookkeeping):
             if not choices:
                 return
             chosen = min(choices)
-            if len(choices) > 1 and self.config.lookahead and self.admission.over_share(chosen.model, device, now_ns):
-                chosen = self._spare_the_next(device, chosen, choices, now_ns)
+            if len(choices) > 1:
+                chosen = self._trade_off(device, chosen, choices, now_ns)
             self._issue_infer(device, chosen, now_ns, decisions)
 
     def _best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> _Choice | None:
@@ -282,10 +282,41 @@ class ClockworkScheduler(PolicyBookkeeping):
             exec_ns = self.estimator.exec_ns(model, size, kind)
             if start_ns + exec_ns + self._margin_ns <= finish_by_ns and (exec_ns <= longest or size == sizes[0]):
                 count = min(queue.count, size)
-                padded = self.shapes.padded(model, count)
-                slack = head.deadline_ns - start_ns - self.estimator.exec_ns(model, padded, kind)
-                return _Choice(slack, model, start_ns, count, padded, head.deadline_ns)
+                padded, padded_ns = self.shapes.cheapest(model, count, size, kind)
+                return _Choice(
+                    head.deadline_ns - start_ns - padded_ns, model, start_ns, count, padded, head.deadline_ns
+                )
         return None
+
+    def _trade_off(self, device: DeviceState, chosen: _Choice, choices: list[_Choice], now_ns: int) -> _Choice:
+        """What to run instead of the least-slack batch, when the candidates cannot all be served.
+        A model within its share keeps deadline order against models over theirs (isolation)."""
+        over_share = self.admission.over_share
+        if self.config.efficient_when_contended and (
+            over_share(chosen.model, device, now_ns) or not any(over_share(c.model, device, now_ns) for c in choices)
+        ):
+            efficient = self._most_efficient_if_contended(device, chosen, choices)
+            if efficient is not None:
+                return efficient
+        if self.config.lookahead and over_share(chosen.model, device, now_ns):
+            return self._spare_the_next(device, chosen, choices, now_ns)
+        return chosen
+
+    def _most_efficient_if_contended(
+        self, device: DeviceState, chosen: _Choice, choices: list[_Choice]
+    ) -> _Choice | None:
+        """Past saturation lane time is what is scarce. Deadline order runs every batch at its
+        deadline's edge, where only small batches fit and the leftovers become batches of one;
+        so when the candidates, one batch each in deadline order, cannot all meet their deadlines,
+        run the one that serves the most requests per unit of lane time (``docs/scheduler.md``)."""
+        kind = device.kind
+        duration = {c.model: self.estimator.exec_ns(c.model, c.batch_size, kind) for c in choices}
+        finish = chosen.start_ns
+        for choice in sorted(choices):
+            finish += duration[choice.model]
+            if finish + self._margin_ns > choice.deadline_ns:
+                return max(choices, key=lambda c: (c.n_requests / duration[c.model], -c.slack_ns))
+        return None  # deadline order serves them all: nothing to trade
 
     def _spare_the_next(self, device: DeviceState, chosen: _Choice, choices: list[_Choice], now_ns: int) -> _Choice:
         """One step of lookahead that Clockwork's bump lacks: if the least-slack batch would

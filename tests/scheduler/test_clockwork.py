@@ -272,10 +272,12 @@ def test_a_spike_in_one_batch_size_s_estimate_pads_to_a_faster_size() -> None:
     assert batch.latest_ns >= batch.earliest_ns  # never an action that cannot start in time
 
 
-def contended(b_slo_ms: float) -> list[Infer]:
+def contended(b_slo_ms: float, shedding: bool = True) -> list[Infer]:
     """Model a: one request that must start now (batch 1: 2 ms); model b: eight (batch 8: 9 ms)."""
     policy = scheduler(max_batch_slo_fraction=1.0)  # let a batch take all of an SLO this short
     now = warm(policy, "b", at=warm(policy, "a"))
+    if shedding:  # as if most of what the device was recently asked for had expired in its queues
+        policy.residency.devices[0].expired.add(100.0, now)
     policy.on_request(request(1, "a", now, slo_ms=3), now)
     for i in range(8):
         policy.on_request(request(10 + i, "b", now, slo_ms=b_slo_ms), now)
@@ -289,3 +291,6 @@ def test_past_saturation_the_batch_that_serves_more_per_ms_runs() -> None:
     # When deadline order serves both (2 + 9 ms <= 12 ms), it stays.
     first, second = contended(b_slo_ms=12)
     assert (first.model, second.model) == ("a", "b") and second.batch_size == 8
+    # A device that is not shedding load keeps deadline order (a transient burst, not saturation).
+    (first, *_) = contended(b_slo_ms=10, shedding=False)
+    assert first.model == "a"

@@ -44,21 +44,17 @@ def test_decaying_rate_remembers_recent_work() -> None:
     assert 0.18 < rate.value(1_000) < 0.19  # e^-1 of it a tau later
 
 
-def test_measurements_age_out_oldest_first() -> None:
+def test_a_window_no_longer_measured_is_forgotten() -> None:
     estimator = Estimator(PROFILES, max_age_ns=1_000)
-    estimator.observe_exec("a", 1, "v100", 900_000_000, at_ns=0)  # one stall
-    for at in range(100, 1_000, 100):
-        estimator.observe_exec("a", 1, "v100", 2_100_000, at_ns=at)
-    assert estimator.exec_ns("a", 1, "v100") == 900_000_000  # the p99 of ten is their maximum
-    estimator.expire(1_050)  # the stall is over a microsecond old; the nine since are not
-    assert estimator.exec_ns("a", 1, "v100") == 2_100_000
-    estimator.expire(10_000)  # nothing left: back to the profile
-    assert estimator.exec_ns("a", 1, "v100") == 2_000_000
-
-
-def test_an_expiry_skips_values_the_window_already_let_go() -> None:
-    estimator = Estimator(PROFILES, window=2, percentile=50.0, max_age_ns=1_000)
-    for at, value in [(0, 9_000_000), (10, 3_000_000), (2_000, 4_000_000), (2_010, 5_000_000)]:
-        estimator.observe_exec("a", 1, "v100", value, at_ns=at)  # the first two fall out by count
-    estimator.expire(2_500)  # their expiry must not drop the two that replaced them
-    assert estimator.exec_ns("a", 1, "v100") == 4_000_000
+    for at in range(0, 1_000, 100):  # batch 2 keeps running; batch 1 ran once, in a stall
+        estimator.observe_exec("a", 2, "v100", 3_100_000, at_ns=at)
+        if at == 500:
+            estimator.observe_exec("a", 1, "v100", 900_000_000, at_ns=at)
+    estimator.expire(1_050)
+    assert estimator.exec_ns("a", 1, "v100") == 900_000_000  # measured 550 ns ago: still believed
+    estimator.expire(1_600)
+    # Batch 1 starts again from its profile, times the kind's ratio (which has let the stall go too).
+    assert estimator.exec_ns("a", 1, "v100") == 2_000_000 * 31 // 30
+    assert estimator.exec_ns("a", 2, "v100") == 3_100_000  # measured within the age: its window is kept
+    estimator.expire(2_000)
+    assert estimator.exec_ns("a", 2, "v100") == 3_000_000  # nothing measured for the age: the profile

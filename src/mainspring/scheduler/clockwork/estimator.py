@@ -2,9 +2,9 @@
 
 Per (model, batch size, device kind) for inference and per (model, device kind)
 for weight loads; seeded from the model's profile until measurements arrive.
-Measurements may also age out (``max_age_ns``): one stall measured on a shared machine
-would otherwise hold a model's estimate above every SLO, so that no request is admitted
-and no new measurement ever replaces it.
+A window not measured for ``max_age_ns`` is forgotten: one stall measured on a shared
+machine would otherwise hold a model's estimate above every SLO, so that no request is
+admitted and no new measurement ever replaces it.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ class RollingPercentile:
 
     def drop_oldest(self) -> None:
         self._values.popleft()
+        self._update()
+
+    def clear(self) -> None:
+        self._values.clear()
         self._update()
 
     def _update(self) -> None:
@@ -90,7 +94,7 @@ class Estimator:
         self._exec_ratio: dict[str, RollingPercentile] = {}
         self._load_ratio: dict[str, RollingPercentile] = {}
         self._max_age_ns = max_age_ns
-        self._observed: deque[tuple[int, RollingPercentile, int]] = deque()  # (when, window, serial)
+        self._observed: deque[tuple[int, RollingPercentile, int, bool]] = deque()  # when, window, serial, whole
 
     def forget(self, model: str) -> None:
         """Drop a model's measurements (it was unloaded; a new version starts from its profile)."""
@@ -133,29 +137,33 @@ class Estimator:
 
     def observe_exec(self, model: str, batch_size: int, kind: str, measured_ns: int, at_ns: int) -> None:
         profiled = self._profiles[model].exec_ns[batch_size]
-        self._add(self._entry(self._exec, (model, batch_size, kind), profiled), measured_ns, at_ns)
-        self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns)
+        self._add(self._entry(self._exec, (model, batch_size, kind), profiled), measured_ns, at_ns, True)
+        self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False)
 
     def observe_load(self, model: str, kind: str, measured_ns: int, at_ns: int) -> None:
         profiled = self._profiles[model].load_ns
-        self._add(self._entry(self._load, (model, kind), profiled), measured_ns, at_ns)
-        self._add(self._ratio(self._load_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns)
+        self._add(self._entry(self._load, (model, kind), profiled), measured_ns, at_ns, True)
+        self._add(self._ratio(self._load_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False)
 
-    def _add(self, window: RollingPercentile, value: int, at_ns: int) -> None:
+    def _add(self, window: RollingPercentile, value: int, at_ns: int, whole: bool) -> None:
         window.add(value)
         if self._max_age_ns is not None:
-            self._observed.append((at_ns, window, window.added))
+            self._observed.append((at_ns, window, window.added, whole))
 
     def expire(self, now_ns: int) -> None:
-        """Forget measurements older than the maximum age. Oldest first across all windows, so
-        each expired one is its window's oldest, unless the window has already let it go."""
+        """Age measurements out. A model's window is forgotten whole once it has not been measured
+        for the maximum age (while measured it keeps its older values: a p99 needs them); one that
+        stopped being measured, perhaps because its own estimate turned every request away, starts
+        again from the profile. A kind's ratio window loses each value at that age."""
         if self._max_age_ns is None:
             return
         cutoff = now_ns - self._max_age_ns
         observed = self._observed
         while observed and observed[0][0] < cutoff:
-            _, window, serial = observed.popleft()
-            if window.holds(serial):
+            _, window, serial, whole = observed.popleft()
+            if whole and window.added == serial:  # nothing measured since
+                window.clear()
+            elif not whole and window.holds(serial):  # oldest first: it is the window's oldest
                 window.drop_oldest()
 
 

@@ -43,6 +43,9 @@ EVICT_WINDOW_NS = 3600 * NS_PER_S  # an eviction is safe whenever it runs
 NO_GENERATION = 0  # evictions: their results change nothing
 
 
+SHEDDING_SHARE = 0.05  # a device is shedding load once this share of its recent requests expired in queue
+
+
 class _Choice(NamedTuple):
     """A candidate batch; ordered by slack (the most urgent request's, after this batch)."""
 
@@ -197,8 +200,14 @@ class ClockworkScheduler(PolicyBookkeeping):
     def _expire(self, now_ns: int) -> None:
         """Reject queued requests that no device could now finish in time."""
         for request in self.queues.expired(now_ns):
-            self._answer(request, ResponseStatus.REJECTED, "deadline can no longer be met")
+            self._expired(request, now_ns)
             self._close_if_empty(request.model)
+
+    def _expired(self, request: Request, now_ns: int) -> None:
+        self._answer(request, ResponseStatus.REJECTED, "deadline can no longer be met")
+        holders = self.residency.holding(request.model)
+        for device in holders:
+            device.expired.add(1.0 / len(holders), now_ns)
 
     def _close_if_empty(self, model: str) -> None:
         if self.queues.close_if_empty(model):
@@ -292,8 +301,13 @@ class ClockworkScheduler(PolicyBookkeeping):
         """What to run instead of the least-slack batch, when the candidates cannot all be served.
         A model within its share keeps deadline order against models over theirs (isolation)."""
         over_share = self.admission.over_share
-        if self.config.efficient_when_contended and (
-            over_share(chosen.model, device, now_ns) or not any(over_share(c.model, device, now_ns) for c in choices)
+        if (
+            self.config.efficient_when_contended
+            and device.shedding(now_ns, SHEDDING_SHARE)
+            and (
+                over_share(chosen.model, device, now_ns)
+                or not any(over_share(c.model, device, now_ns) for c in choices)
+            )
         ):
             efficient = self._most_efficient_if_contended(device, chosen, choices)
             if efficient is not None:
@@ -315,8 +329,15 @@ class ClockworkScheduler(PolicyBookkeeping):
         for choice in sorted(choices):
             finish += duration[choice.model]
             if finish + self._margin_ns > choice.deadline_ns:
-                return max(choices, key=lambda c: (c.n_requests / duration[c.model], -c.slack_ns))
+                return max(choices, key=lambda c: (self._efficiency(c, duration[c.model], kind), -c.slack_ns))
         return None  # deadline order serves them all: nothing to trade
+
+    def _efficiency(self, choice: _Choice, duration_ns: int, kind: str) -> float:
+        """The batch's throughput as a share of its model's best (full batches of the largest size):
+        a slow model's full batch is as good a use of the lane as a fast model's."""
+        largest = self.shapes.sizes(choice.model)[-1]
+        best_per_request = self.estimator.exec_ns(choice.model, largest, kind) / largest
+        return choice.n_requests * best_per_request / max(1, duration_ns)
 
     def _spare_the_next(self, device: DeviceState, chosen: _Choice, choices: list[_Choice], now_ns: int) -> _Choice:
         """One step of lookahead that Clockwork's bump lacks: if the least-slack batch would
@@ -348,7 +369,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             if self._earliest_completion(queue.model, now_ns) + self._margin_ns <= head.deadline_ns:
                 return head
             queue.pop()
-            self._answer(head, ResponseStatus.REJECTED, "deadline can no longer be met")
+            self._expired(head, now_ns)
 
     def _earliest_completion(self, model: str, now_ns: int) -> int:
         """Best case over devices: on a holder as soon as its lane frees, else after a cold load."""
@@ -398,6 +419,7 @@ class ClockworkScheduler(PolicyBookkeeping):
                 timing = result.timing
                 measured = timing.duration_ns
                 self.estimator.observe_exec(action.model, action.batch_size, device.kind, measured, timing.end_ns)
+            device.served.add(len(batch), result.timing.end_ns)
             for request in batch:
                 self._answer(request, ResponseStatus.SUCCESS, action_id=action.action_id)
             return

@@ -49,6 +49,8 @@ class DeviceState:
     def __init__(self, spec: DeviceSpec, rate_memory_ns: int) -> None:
         self.spec = spec
         self.demand = DecayingRate(rate_memory_ns)  # share of this device recent arrivals asked for
+        self.expired = DecayingRate(rate_memory_ns)  # requests of its models that expired in queue, recently
+        self.served = DecayingRate(rate_memory_ns)  # requests it served, recently
         self.kind = spec.kind
         self.exec_lane = LaneTracker()
         self.load_lane = LaneTracker()
@@ -59,6 +61,11 @@ class DeviceState:
         self.last_used: OrderedDict[str, int] = OrderedDict()  # held models, least recently used first
         self.pinned: dict[str, int] = {}  # models with infers or loads in flight -> count
         self.waiting: set[str] = set()  # held models that have queued requests
+
+    def shedding(self, now_ns: int, share: float) -> bool:
+        """Has more than ``share`` of the recent work for this device expired in the queues?"""
+        expired = self.expired.value(now_ns)
+        return expired > share * (expired + self.served.value(now_ns))
 
     def holds(self, model: str) -> bool:
         return model in self.ready_ns

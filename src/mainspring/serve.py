@@ -3,21 +3,27 @@
 The controller and the frontend share one asyncio loop in this process; each local device
 gets a worker process (every CUDA GPU, else one CPU device) that connects back over
 ZeroMQ, exactly as a remote worker would. ``workers = "tcp"`` starts none and waits for
-external ``mainspring worker`` processes. SIGINT/SIGTERM: stop accepting, answer what is
-outstanding (up to ``drain_s``), say bye to the workers, wait for the local ones.
+external ``mainspring worker`` processes. A local worker that exits (a crash, the OOM killer)
+is started again: after a backoff that doubles with each restart in the last minute, and at
+most ``max_restarts_per_minute`` times a minute; its device rejoins when it says hello.
+SIGINT/SIGTERM: stop accepting, answer what is outstanding (up to ``drain_s``), say bye to the
+workers, wait for the local ones.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 import tomllib
-from dataclasses import dataclass, fields, replace
+from collections import deque
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +62,7 @@ class ServeConfig:
     worker_timeout_s: float = 2.0
     drain_s: float = 5.0
     join_timeout_s: float = 180.0
+    max_restarts_per_minute: int = 5  # per local worker
 
     def __post_init__(self) -> None:
         problems = []
@@ -68,6 +75,8 @@ class ServeConfig:
             problems.append(f"policy={self.policy!r} is not one of {', '.join(policy_names())}")
         if not 0 <= self.deadline_margin_ms < self.slo_ms:
             problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must lie in [0, slo_ms)")
+        if self.max_restarts_per_minute < 0:
+            problems.append(f"max_restarts_per_minute={self.max_restarts_per_minute} must not be negative")
         for positive in ("slo_ms", "heartbeat_s", "worker_timeout_s", "join_timeout_s"):
             if not getattr(self, positive) > 0:
                 problems.append(f"{positive}={getattr(self, positive)} must be positive")
@@ -145,6 +154,25 @@ def ensure_repository(config: ServeConfig) -> ModelRepository:
     return ModelRepository(path)
 
 
+RESTART_BACKOFF_S = (0.5, 30.0)  # first delay, longest delay
+
+
+@dataclass
+class LocalWorker:
+    """One device's worker process, and when it was restarted."""
+
+    name: str
+    command: list[str]
+    process: subprocess.Popen[bytes]
+    restarts: deque[float] = field(default_factory=deque)  # monotonic times, the last minute's
+    restart_at: float | None = None  # when the next start is due, once the process has exited
+
+    def restarts_in_last_minute(self, now: float) -> int:
+        while self.restarts and now - self.restarts[0] > 60.0:
+            self.restarts.popleft()
+        return len(self.restarts)
+
+
 class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
@@ -155,7 +183,8 @@ class Server:
         )
         self._runner: web.AppRunner | None = None
         self._grpc: Any = None
-        self._processes: list[subprocess.Popen[bytes]] = []
+        self._local: list[LocalWorker] = []
+        self._supervisor: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
     async def start(self) -> None:
@@ -176,24 +205,55 @@ class Server:
                  config.host, config.http_port, config.host, config.grpc_port, self.hub.endpoint)  # fmt: skip
         if config.workers == "local":
             self._start_local_workers()
-            await self._wait_for_workers(len(self._processes))
+            await self._wait_for_workers(len(self._local))
+            self._supervisor = asyncio.create_task(self._supervise())
 
     def _start_local_workers(self) -> None:
         assert self.repo is not None
         for index, device in enumerate(self.config.device_list()):
+            name = f"local-{index}-{device}"
             command = [sys.executable, "-m", "mainspring.cli", "worker", "--controller", self.hub.endpoint,
-                       "--device", device, "--repo", str(self.repo.root), "--name", f"local-{index}-{device}",
+                       "--device", device, "--repo", str(self.repo.root), "--name", name,
                        "--parent-pid", str(os.getpid())]  # fmt: skip
             if self.config.pool_mib:
                 command += ["--pool-mib", str(self.config.pool_mib)]
             if self.config.pin_cpu_workers and device == "cpu":
                 command += ["--pin-core", str(-1 - index)]  # from the last core down; the controller keeps core 0
-            self._processes.append(subprocess.Popen(command))
+            self._local.append(LocalWorker(name, command, subprocess.Popen(command)))
+
+    async def _supervise(self, period_s: float = 0.2) -> None:
+        """Start again every local worker that exited, with backoff and a bound per minute."""
+        while not self._stop.is_set():
+            await asyncio.sleep(period_s)
+            now = time.monotonic()
+            for worker in self._local:
+                code = worker.process.poll()
+                if code is None or self._stop.is_set():
+                    continue
+                recent = worker.restarts_in_last_minute(now)
+                if worker.restart_at is None:
+                    if self.config.max_restarts_per_minute == 0:
+                        log.error("local worker %s exited with code %s; not restarting it", worker.name, code)
+                        worker.restart_at = float("inf")
+                        continue
+                    first, longest = RESTART_BACKOFF_S
+                    delay = min(longest, first * 2**recent)
+                    if recent >= self.config.max_restarts_per_minute:  # wait for the oldest to leave the minute
+                        delay = max(delay, 60.0 - (now - worker.restarts[0]))
+                    worker.restart_at = now + delay
+                    log.warning("local worker %s exited with code %s; starting it again in %.1f s "
+                                "(%d restart(s) in the last minute)", worker.name, code, delay, recent)  # fmt: skip
+                elif now >= worker.restart_at:
+                    worker.restart_at = None
+                    worker.restarts.append(now)
+                    worker.process = subprocess.Popen(worker.command)
+                    self.service.metrics.worker_restarts.inc()
+                    log.info("local worker %s started again (pid %d)", worker.name, worker.process.pid)
 
     async def _wait_for_workers(self, count: int) -> None:
         deadline = asyncio.get_running_loop().time() + self.config.join_timeout_s
         while len(self.service.workers) < count:
-            if any(p.poll() is not None for p in self._processes):
+            if any(w.process.poll() is not None for w in self._local):
                 raise RuntimeError("a local worker process exited during start-up (see its log above)")
             if asyncio.get_running_loop().time() > deadline:
                 raise RuntimeError(f"workers did not join within {self.config.join_timeout_s:.0f} s")
@@ -216,6 +276,10 @@ class Server:
         await self.stop()
 
     async def stop(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
         log.info("shutting down: answering outstanding requests (up to %.1f s)", self.config.drain_s)
         left = await self.service.drain(self.config.drain_s)
         if left:
@@ -225,7 +289,7 @@ class Server:
         if self._runner is not None:
             await self._runner.cleanup()
         await self.hub.close()
-        for process in self._processes:
+        for process in (w.process for w in self._local):
             try:
                 await asyncio.to_thread(process.wait, 10)
             except subprocess.TimeoutExpired:

@@ -73,6 +73,12 @@ class ServerProcess:
         return self.process.returncode
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started (Linux: from /proc)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in children]
+
+
 def start_worker(address: str, repo: Path, name: str, log: Path, pool_mib: int = 256) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "mainspring.cli", "worker", "--controller", address, "--repo", str(repo),
                "--pool-mib", str(pool_mib), "--name", name]  # fmt: skip

@@ -149,6 +149,11 @@ def test_bad_requests_get_400_naming_the_problem(server: ServerProcess, document
 def test_malformed_json_unknown_models_and_paths(server: ServerProcess, grpc: grpcclient.InferenceServerClient) -> None:
     status, body = http_call(f"http://{server.http}/v2/models/mlp/infer", b"{not json")
     assert status == 400 and "not valid JSON" in json.loads(body)["error"]
+    for depth in (100_000, 1_000):  # deeper than the parser's limit; deep enough for numpy to refuse
+        nested = b"[" * depth + b"0.5" + b"]" * depth
+        document = b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 256], "data": ' + nested + b"}]}"
+        status, body = http_call(f"http://{server.http}/v2/models/mlp/infer", document)
+        assert status == 400 and "error" in json.loads(body), (depth, body[:200])
     assert post(server, "/v2/models/vgg/infer", {"inputs": [MLP_INPUT]}) == (404, "unknown model 'vgg'")
     status, body = http_call(f"http://{server.http}/v2/models/vgg")
     assert status == 404 and "vgg" in json.loads(body)["error"]

@@ -109,6 +109,8 @@ async def infer(request: web.Request) -> web.Response:
         document = msgspec.json.decode(header)  # ~5x faster than json.loads on large tensors
     except msgspec.DecodeError as error:
         raise InferenceError(400, f"request body is not valid JSON: {error}") from None
+    except RecursionError:  # msgspec's answer to nesting deeper than the interpreter's limit
+        raise InferenceError(400, "request body is nested too deeply to be a KServe v2 request") from None
     if not isinstance(document, dict):
         raise InferenceError(400, "request body must be a JSON object")
     parameters = _dict(document.get("parameters", {}), "parameters")

@@ -66,6 +66,9 @@ class ServingMetrics:
             "mainspring_device_busy_fraction", "Exec lane busy share over the last 10 s", ["device"], registry=r
         )
         self.workers = Gauge("mainspring_workers", "Connected workers", registry=r)
+        self.worker_restarts = Counter(
+            "mainspring_worker_restarts", "Local worker processes restarted after they exited", registry=r
+        )
         self.devices = Gauge("mainspring_devices", "Connected devices", registry=r)
         self.models = Gauge("mainspring_models", "Models served", registry=r)
         self.model_stats: dict[str, ModelStats] = {}

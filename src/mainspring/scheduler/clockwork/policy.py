@@ -43,7 +43,7 @@ EVICT_WINDOW_NS = 3600 * NS_PER_S  # an eviction is safe whenever it runs
 NO_GENERATION = 0  # evictions: their results change nothing
 
 
-SHEDDING_SHARE = 0.05  # a device is shedding load once this share of its recent requests expired in queue
+SHEDDING_SHARE = 0.1  # a device is shedding load once this share of its recent requests expired in queue
 
 
 class _Choice(NamedTuple):

@@ -1,0 +1,44 @@
+"""``mainspring serve`` starts a local worker again when it dies, and serving resumes with no operator."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from mainspring.models.repository import ModelRepository
+from tests.serving.processes import ServerProcess, child_pids, http_call
+from tests.serving.test_worker_loss import body, wait_for
+
+
+def restarts(server: ServerProcess) -> float:
+    _, text = http_call(f"http://{server.http}/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    return families["mainspring_worker_restarts"].samples[0].value
+
+
+def test_a_killed_local_worker_is_started_again(small_zoo: ModelRepository, tmp_path: Path) -> None:
+    shutil.copytree(small_zoo.root, tmp_path / "repo")
+    server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--slo-ms", "30000")
+    try:
+        server.wait_ready()
+        infer = f"http://{server.http}/v2/models/mlp/infer"
+        assert http_call(infer, body("mlp"))[0] == 200
+        (worker,) = child_pids(server.process.pid)
+        os.kill(worker, signal.SIGKILL)
+        begin = time.monotonic()
+        log = tmp_path / "server.log"
+        wait_for(lambda: log.read_text().count("worker local-0-cpu joined") == 2, 120)  # the first, then the new one
+        assert http_call(f"http://{server.http}/v2/health/ready")[0] == 200 and restarts(server) == 1
+        print(f"serving again {time.monotonic() - begin:.1f} s after the kill")
+        status, reply = http_call(infer, body("mlp"))
+        assert status == 200, reply
+        (replacement,) = child_pids(server.process.pid)
+        assert replacement != worker
+        assert "local worker local-0-cpu exited with code -9; starting it again" in log.read_text()
+    finally:
+        assert server.stop() == 0, (tmp_path / "server.log").read_text()

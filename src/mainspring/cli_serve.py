@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--name", help="worker name (default host:pid)")
     p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
     p.add_argument("--pin-core", type=int, help="pin the exec lane's thread to this CPU core")
+    p.add_argument("--controller-timeout-s", type=float, default=3.0,
+                   help="start over to join again when the controller is silent this long (default 3)")  # fmt: skip
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -71,7 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def run_worker(args: argparse.Namespace) -> int:
     from mainspring.models.repository import ModelRepository
     from mainspring.worker.pages import MIB
-    from mainspring.worker.process import WorkerConnection
+    from mainspring.worker.process import CONTROLLER_GONE, WorkerConnection
     from mainspring.worker.runtimes.torch_device import ExecSettings
     from mainspring.worker.torch_worker import TorchWorker
 
@@ -86,5 +89,10 @@ def run_worker(args: argparse.Namespace) -> int:
     )
     signal.signal(signal.SIGTERM, lambda *_: connection.stop())
     signal.signal(signal.SIGINT, lambda *_: connection.stop())
-    connection.serve(parent_pid=args.parent_pid)
+    outcome = connection.serve(parent_pid=args.parent_pid, controller_timeout_s=args.controller_timeout_s)
+    if outcome == CONTROLLER_GONE and args.parent_pid is None:
+        # A remote worker outlives its controller: start over (an empty weight pool, nothing in flight,
+        # as the next controller expects) and say hello to whichever controller binds the address next.
+        logging.getLogger(__name__).warning("controller gone; starting over to join the next one")
+        os.execv(sys.executable, [sys.executable, "-m", "mainspring.cli", *sys.argv[1:]])
     return 0

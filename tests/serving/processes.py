@@ -23,8 +23,8 @@ def free_port() -> int:
 class ServerProcess:
     """``mainspring serve`` in a child process on free ports; its log goes to a file."""
 
-    def __init__(self, repo: Path, log: Path, *args: str) -> None:
-        self.http_port, self.grpc_port, self.worker_port = free_port(), free_port(), free_port()
+    def __init__(self, repo: Path, log: Path, *args: str, worker_port: int | None = None) -> None:
+        self.http_port, self.grpc_port, self.worker_port = free_port(), free_port(), worker_port or free_port()
         self.log = log
         command = [
             sys.executable, "-m", "mainspring.cli", "serve", "--repo", str(repo), "--devices", "cpu",

@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from mainspring.models.repository import ModelRepository
-from tests.serving.processes import ServerProcess, child_pids, http_call
+from tests.serving.processes import ServerProcess, child_pids, http_call, start_worker
 from tests.serving.test_worker_loss import body, wait_for
 
 
@@ -42,3 +42,39 @@ def test_a_killed_local_worker_is_started_again(small_zoo: ModelRepository, tmp_
         assert "local worker local-0-cpu exited with code -9; starting it again" in log.read_text()
     finally:
         assert server.stop() == 0, (tmp_path / "server.log").read_text()
+
+
+def test_a_remote_worker_joins_the_next_controller(small_zoo: ModelRepository, tmp_path: Path) -> None:
+    shutil.copytree(small_zoo.root, tmp_path / "repo")
+    servers = []
+
+    def controller(run: int) -> ServerProcess:
+        port = servers[0].worker_port if servers else None
+        server = ServerProcess(tmp_path / "repo", tmp_path / f"server{run}.log", "--workers", "tcp", worker_port=port)
+        servers.append(server)
+        server.wait_ready(path="/v2/health/live")
+        return server
+
+    def serves(server: ServerProcess) -> bool:
+        return http_call(f"http://{server.http}/v2/models/mlp/infer", body("mlp"))[0] == 200
+
+    worker = None
+    try:
+        first = controller(1)
+        worker = start_worker(first.worker_address, tmp_path / "repo", "remote", tmp_path / "worker.log")
+        wait_for(lambda: serves(first), 120)
+        assert first.stop() == 0  # a clean stop says bye: the worker waits for the next controller
+        second = controller(2)
+        wait_for(lambda: serves(second), 120)
+        second.process.send_signal(signal.SIGKILL)  # no bye: the worker notices the silence
+        second.process.wait()
+        third = controller(3)
+        wait_for(lambda: serves(third), 120)
+        assert worker.poll() is None  # one worker process all along (it started over in place)
+        assert (tmp_path / "worker.log").read_text().count("starting over to join the next one") == 2
+    finally:
+        if worker is not None:
+            worker.kill()
+            worker.wait()
+        for server in servers:
+            server.stop()

@@ -4,7 +4,8 @@ One I/O thread owns the socket. Results come from the lane threads through a que
 a self-pipe that wakes the poller, so a result leaves as soon as it is ready. Pings are
 answered at once with this process's clock (the controller estimates the offset).
 Model loads and unloads from the repository API run on their own thread so that a slow
-registration never delays a ping or a result.
+registration never delays a ping or a result. ``serve`` returns ``CONTROLLER_GONE`` when the
+controller said bye or fell silent (``mainspring worker`` then starts over, to join the next one).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +44,7 @@ from mainspring.worker.api import Worker, model_info
 log = logging.getLogger(__name__)
 
 Outgoing = tuple[Message, list[Any] | None]
+STOPPED, CONTROLLER_GONE = "stopped", "controller gone"
 
 
 class WorkerConnection:
@@ -82,8 +85,10 @@ class WorkerConnection:
         self._stop.set()
         self._send_later(Bye())
 
-    def serve(self, parent_pid: int | None = None) -> None:
-        """Say hello, then relay actions and results until ``Bye``, ``stop()`` or the parent process dies."""
+    def serve(self, parent_pid: int | None = None, controller_timeout_s: float | None = None) -> str:
+        """Say hello, then relay actions and results until ``stop()`` or the parent process dies
+        (``STOPPED``), or the controller says bye or, once heard, is silent for ``controller_timeout_s``
+        (``CONTROLLER_GONE``)."""
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 1000)
@@ -94,11 +99,21 @@ class WorkerConnection:
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
         log.info("worker %s connected to %s", self.name, self.address)
+        outcome = STOPPED
+        heard: float | None = None  # monotonic time of the controller's last message; None until the first
         try:
             while not self._stop.is_set():
-                events = dict(poller.poll(1000))
+                events = dict(poller.poll(200))
                 if parent_pid is not None and os.getppid() != parent_pid:
                     log.warning("parent process %d is gone; stopping", parent_pid)
+                    break
+                if (
+                    heard is not None
+                    and controller_timeout_s is not None
+                    and time.monotonic() - heard > controller_timeout_s
+                ):
+                    log.warning("controller silent for %.1f s", time.monotonic() - heard)
+                    outcome = CONTROLLER_GONE
                     break
                 if self._wake_read in events:
                     os.read(self._wake_read, 4096)
@@ -111,7 +126,9 @@ class WorkerConnection:
                         continue
                     sock.send_multipart(encode(message, samples), copy=False)
                 while sock.poll(0, zmq.POLLIN):
+                    heard = time.monotonic()
                     if not self._handle(sock, sock.recv_multipart(copy=True)):
+                        outcome = CONTROLLER_GONE
                         self._stop.set()
                         break
         finally:
@@ -119,6 +136,7 @@ class WorkerConnection:
             sock.close()
             os.close(self._wake_read)
             os.close(self._wake_write)
+        return outcome
 
     def _hello(self) -> Hello:
         models = [model_info(self.worker, m) for m in self.worker.profiles()]

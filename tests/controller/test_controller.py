@@ -3,7 +3,7 @@
 import pytest
 
 from mainspring.controller import Controller
-from mainspring.protocol import ActionResult, ActionStatus, Infer, Request, Response, ResponseStatus, Timing
+from mainspring.protocol import ActionResult, ActionStatus, Infer, Outcome, Request, Response, ResponseStatus, Timing
 from mainspring.scheduler.base import Decisions
 from mainspring.time import ManualClock
 from tests.fakes import ActionInbox, ScriptedScheduler
@@ -35,7 +35,7 @@ def test_actions_go_to_their_device_and_outputs_reach_the_answer() -> None:
     controller.submit(Request(2, "m", 1_000, 5_000, 4_000))
     assert inboxes[1].actions == [infer] and inboxes[0].actions == []
     clock.advance(100)
-    policy.next = Decisions(responses=[Response(2, ResponseStatus.SUCCESS, action_id=7)])
+    policy.next = Decisions(responses=[Response(2, Outcome.SERVED, action_id=7)])
     controller.deliver(ActionResult(7, 1, ActionStatus.OK, Timing(1_000, 1_050), outputs=["out-1", "out-2"]))
     assert policy.results[0].action_id == 7 and policy.requests[0].id == 1
     assert answers.got == [(2, ResponseStatus.SUCCESS, "out-2")]
@@ -45,7 +45,7 @@ def test_actions_go_to_their_device_and_outputs_reach_the_answer() -> None:
 def test_a_second_answer_to_one_request_is_a_policy_bug() -> None:
     _, policy, _, _, _, controller = setup()
     controller.submit(Request(1, "m", 1_000, 5_000, 4_000))
-    policy.next = Decisions(responses=[Response(1, ResponseStatus.REJECTED), Response(1, ResponseStatus.REJECTED)])
+    policy.next = Decisions(responses=[Response(1, Outcome.OVERLOADED), Response(1, Outcome.OVERLOADED)])
     with pytest.raises(RuntimeError, match="twice"):
         controller.wake()
 

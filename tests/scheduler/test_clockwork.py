@@ -7,6 +7,7 @@ from mainspring.protocol import (
     EvictWeights,
     Infer,
     LoadWeights,
+    Outcome,
     ResponseStatus,
 )
 from mainspring.scheduler.base import Decisions
@@ -73,7 +74,9 @@ def test_early_rejection_at_arrival_with_the_reason() -> None:
     decisions = policy.schedule(now)
     rejected = {r.request_id: r for r in decisions.responses}
     assert set(rejected) == {1, 2}
-    assert all(r.status is ResponseStatus.REJECTED and "deadline cannot be met" in r.reason for r in rejected.values())
+    assert all(
+        r.outcome is Outcome.DEADLINE_AT_ARRIVAL and r.status is ResponseStatus.REJECTED for r in rejected.values()
+    )
     assert "SLO 1.50 ms" in rejected[1].reason
     assert [i.request_ids for i in infers(decisions)] == [(3,)]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol, cast
 
-from mainspring.protocol import Action, ActionResult, Infer, Request, Response, ResponseStatus
+from mainspring.protocol import Action, ActionResult, Infer, Outcome, Request, Response
 from mainspring.scheduler.base import Membership, Scheduler
 from mainspring.time import Clock
 
@@ -123,12 +123,12 @@ class Controller:
         """Run a scheduling pass now (after the policy's membership changed)."""
         self._pump(self._clock.now_ns())
 
-    def shutdown(self, reason: str) -> int:
+    def shutdown(self, reason: str, outcome: Outcome = Outcome.SHUTTING_DOWN) -> int:
         """Answer every outstanding request with an error; returns how many there were."""
         now = self._clock.now_ns()
         pending = list(self._requests)
         for request_id in pending:
-            self._respond(Response(request_id, ResponseStatus.ERROR, reason), now)
+            self._respond(Response(request_id, outcome, reason), now)
         return len(pending)
 
     def _pump(self, now: int) -> None:

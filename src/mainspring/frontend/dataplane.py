@@ -18,7 +18,7 @@ import numpy as np
 import mainspring
 from mainspring.controller.service import ControllerService, ServedModel, ServiceError
 from mainspring.models.repository import ModelLoadError, ModelRepository
-from mainspring.protocol import ResponseStatus
+from mainspring.protocol import Outcome
 from mainspring.protocol.tensors import DATATYPES, shape_matches
 from mainspring.time import NS_PER_MS, NS_PER_US
 
@@ -28,10 +28,11 @@ EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "parameter
 class InferenceError(Exception):
     """A request that gets no result: an HTTP status and a message for the client."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, outcome: Outcome | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.outcome = outcome  # the scheduler's, when the scheduler answered
 
 
 _SERVICE_STATUS = {"not_found": 404, "invalid": 400, "unavailable": 503}
@@ -169,8 +170,8 @@ class DataPlane:
         except ServiceError as error:
             raise InferenceError(_SERVICE_STATUS[error.kind], str(error)) from None
         for response, _ in answers:
-            if response.status is not ResponseStatus.SUCCESS:
-                raise InferenceError(_status_of(response.status, response.reason), response.reason or "failed")
+            if response.outcome is not Outcome.SERVED:
+                raise InferenceError(HTTP_STATUS[response.outcome], response.reason or "failed", response.outcome)
         outputs = []
         for spec in served.config.outputs:
             if spec.name in wanted:
@@ -232,17 +233,22 @@ class DataPlane:
         return self.service.default_slo_ns
 
 
-def _status_of(status: ResponseStatus, reason: str) -> int:
-    if status is ResponseStatus.REJECTED:
-        if reason.startswith("overloaded"):
-            return 429
-        if "no longer" in reason:
-            return 504  # waited in the queue until the deadline could not be met
-        return 503  # refused on arrival: the deadline cannot be met
-    if status is ResponseStatus.TIMED_OUT:
-        return 504
-    unavailable = ("no worker", "shutting down", "was unloaded", "was lost")
-    return 503 if any(phrase in reason for phrase in unavailable) else 500
+# The client's status for each outcome (gRPC maps these once more, in ``grpc.py``).
+HTTP_STATUS = {
+    Outcome.SERVED: 200,
+    Outcome.DEADLINE_AT_ARRIVAL: 503,  # refused on arrival: retry later or with a longer SLO
+    Outcome.OVERLOADED: 429,
+    Outcome.EXPIRED_IN_QUEUE: 504,  # waited in the queue until the deadline could not be met
+    Outcome.QUEUE_TIMEOUT: 504,
+    Outcome.UNKNOWN_MODEL: 404,
+    Outcome.DOES_NOT_FIT: 500,
+    Outcome.NO_WORKER: 503,
+    Outcome.MODEL_UNLOADED: 503,
+    Outcome.WORKER_LOST: 503,
+    Outcome.LOAD_FAILED: 500,
+    Outcome.INFERENCE_FAILED: 500,
+    Outcome.SHUTTING_DOWN: 503,
+}
 
 
 def decode_tensor(name: str, datatype: str, shape: Any, data: Any, raw: bytes | None) -> Tensor:

@@ -44,7 +44,8 @@ async def _guard(context: grpc.aio.ServicerContext[Any, Any], work: Callable[[],
     try:
         return await work()
     except InferenceError as error:
-        await context.abort(_CODES.get(error.status, grpc.StatusCode.UNKNOWN), error.message)
+        outcome = () if error.outcome is None else (("mainspring-outcome", error.outcome.value),)
+        await context.abort(_CODES.get(error.status, grpc.StatusCode.UNKNOWN), error.message, outcome)
     except Exception as error:
         log.exception("internal error in a gRPC call")
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")

@@ -31,7 +31,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except InferenceError as error:
-        return web.json_response({"error": error.message}, status=error.status)
+        body = (
+            {"error": error.message}
+            if error.outcome is None
+            else {"error": error.message, "outcome": error.outcome.value}
+        )
+        return web.json_response(body, status=error.status)
     except web.HTTPException as error:  # unknown path, wrong method, body too large
         if error.status < 400:
             raise

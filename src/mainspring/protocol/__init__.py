@@ -2,7 +2,7 @@
 
 from mainspring.protocol.actions import Action, EvictWeights, Infer, LoadWeights, action_kind
 from mainspring.protocol.devices import DeviceSpec
-from mainspring.protocol.requests import Request, Response, ResponseStatus
+from mainspring.protocol.requests import Outcome, Request, Response, ResponseStatus
 from mainspring.protocol.results import ActionResult, ActionStatus, Timing
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "EvictWeights",
     "Infer",
     "LoadWeights",
+    "Outcome",
     "Request",
     "Response",
     "ResponseStatus",

@@ -25,11 +25,47 @@ class ResponseStatus(enum.Enum):
     ERROR = "error"
 
 
+class Outcome(enum.Enum):
+    """Why a request got the answer it got: set where the answer is made, so that clients
+    (through HTTP and gRPC status codes), metrics and tests never read it from the wording."""
+
+    SERVED = "served"
+    DEADLINE_AT_ARRIVAL = "deadline_at_arrival"  # rejected on arrival: no device could finish in time
+    OVERLOADED = "overloaded"  # rejected on arrival: the model's queue already fills its share
+    EXPIRED_IN_QUEUE = "expired_in_queue"  # rejected from the queue once no device could finish in time
+    QUEUE_TIMEOUT = "queue_timeout"  # dropped after waiting in the queue until (nearly) its deadline
+    UNKNOWN_MODEL = "unknown_model"
+    DOES_NOT_FIT = "does_not_fit"  # the model's weights fit on no connected device
+    NO_WORKER = "no_worker"
+    MODEL_UNLOADED = "model_unloaded"
+    WORKER_LOST = "worker_lost"  # its worker was lost and the deadline no longer allows another try
+    LOAD_FAILED = "load_failed"
+    INFERENCE_FAILED = "inference_failed"
+    SHUTTING_DOWN = "shutting_down"
+
+    @property
+    def status(self) -> ResponseStatus:
+        return _STATUS.get(self, ResponseStatus.ERROR)
+
+
+_STATUS = {
+    Outcome.SERVED: ResponseStatus.SUCCESS,
+    Outcome.DEADLINE_AT_ARRIVAL: ResponseStatus.REJECTED,
+    Outcome.OVERLOADED: ResponseStatus.REJECTED,
+    Outcome.EXPIRED_IN_QUEUE: ResponseStatus.REJECTED,
+    Outcome.QUEUE_TIMEOUT: ResponseStatus.TIMED_OUT,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Response:
     """The scheduler's answer to one request; ``action_id`` names the Infer that served it."""
 
     request_id: int
-    status: ResponseStatus
+    outcome: Outcome
     reason: str = ""
     action_id: int | None = None
+
+    @property
+    def status(self) -> ResponseStatus:
+        return self.outcome.status

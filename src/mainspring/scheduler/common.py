@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from mainspring.models.profile import ModelProfile
-from mainspring.protocol import DeviceSpec, Request, Response, ResponseStatus
+from mainspring.protocol import DeviceSpec, Outcome, Request, Response
 
 
 class PolicyBookkeeping:
@@ -18,8 +18,8 @@ class PolicyBookkeeping:
         self._next_action_id = 0
         self._pages: dict[tuple[str, int], int] = {}
 
-    def _answer(self, request: Request, status: ResponseStatus, reason: str = "", action_id: int | None = None) -> None:
-        self._responses.append(Response(request.id, status, reason, action_id))
+    def _answer(self, request: Request, outcome: Outcome, reason: str = "", action_id: int | None = None) -> None:
+        self._responses.append(Response(request.id, outcome, reason, action_id))
 
     def _take_responses(self) -> list[Response]:
         responses, self._responses = self._responses, []
@@ -51,13 +51,13 @@ class PolicyBookkeeping:
     def _refuse_unservable(self, request: Request, specs: Iterable[DeviceSpec]) -> bool:
         """Answer with an error a request for an unknown model or one that fits on no device."""
         if request.model not in self.profiles:
-            self._answer(request, ResponseStatus.ERROR, f"unknown model {request.model!r}")
+            self._answer(request, Outcome.UNKNOWN_MODEL, f"unknown model {request.model!r}")
             return True
         specs = list(specs)
         if not specs:
-            self._answer(request, ResponseStatus.ERROR, "no worker is connected")
+            self._answer(request, Outcome.NO_WORKER, "no worker is connected")
             return True
         if not any(self.pages_of(request.model, spec) <= spec.total_pages for spec in specs):
-            self._answer(request, ResponseStatus.ERROR, f"model {request.model!r} does not fit on any device")
+            self._answer(request, Outcome.DOES_NOT_FIT, f"model {request.model!r} does not fit on any device")
             return True
         return False

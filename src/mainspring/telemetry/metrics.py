@@ -44,7 +44,9 @@ class ServingMetrics:
         self.good = Counter(
             "mainspring_goodput_requests", "Requests answered successfully within their SLO", ["model"], registry=r
         )
-        self.rejections = Counter("mainspring_rejections", "Requests rejected early, by reason", ["reason"], registry=r)
+        self.rejections = Counter(
+            "mainspring_rejections", "Requests rejected early, by outcome", ["reason"], registry=r
+        )
         self.latency = Histogram(
             "mainspring_request_latency_seconds", "Latency of successful requests", ["model"],
             buckets=LATENCY_BUCKETS_S, registry=r,
@@ -124,16 +126,7 @@ class ServingMetrics:
             stats.last_inference_ns = now_ns
         else:
             if response.status is ResponseStatus.REJECTED:
-                self.rejections.labels(rejection_kind(response.reason)).inc()
+                self.rejections.labels(response.outcome.value).inc()
                 stats.rejected_count += 1
             stats.fail_count += 1
             stats.fail_ns += latency
-
-
-def rejection_kind(reason: str) -> str:
-    """A short, bounded label for a rejection reason (the full reason goes to the client)."""
-    if reason.startswith("overloaded"):
-        return "overloaded"
-    if "deadline" in reason:
-        return "deadline"
-    return "other"

@@ -20,9 +20,9 @@ from mainspring.protocol import (
     EvictWeights,
     Infer,
     LoadWeights,
+    Outcome,
     Request,
     Response,
-    ResponseStatus,
 )
 from mainspring.scheduler.base import Decisions
 from mainspring.scheduler.common import PolicyBookkeeping
@@ -106,7 +106,7 @@ class ReactiveScheduler(PolicyBookkeeping):
                 del self._placement[action.model]
                 if result.status is ActionStatus.ERROR:
                     for request in self._queues.pop(action.model, ()):
-                        self._answer(request, ResponseStatus.ERROR, f"loading failed: {result.message}")
+                        self._answer(request, Outcome.LOAD_FAILED, f"loading failed: {result.message}")
 
     def schedule(self, now_ns: int) -> Decisions:
         decisions = Decisions(responses=self._take_responses())
@@ -149,22 +149,22 @@ class ReactiveScheduler(PolicyBookkeeping):
                 if self._devices:
                     self._queues.setdefault(request.model, deque()).appendleft(request)
                 else:
-                    self._answer(request, ResponseStatus.ERROR, "no worker is connected")
+                    self._answer(request, Outcome.NO_WORKER, "no worker is connected")
         if not self._devices:
             for queue in self._queues.values():
                 for request in queue:
-                    self._answer(request, ResponseStatus.ERROR, "no worker is connected")
+                    self._answer(request, Outcome.NO_WORKER, "no worker is connected")
             self._queues.clear()
 
     def remove_model(self, model: str, now_ns: int) -> None:
         reason = f"model {model!r} was unloaded"
         for request in self._queues.pop(model, ()):
-            self._answer(request, ResponseStatus.ERROR, reason)
+            self._answer(request, Outcome.MODEL_UNLOADED, reason)
         for action_id, action in self._in_flight.items():
             if action.model == model:
                 self._stale.add(action_id)
                 for request in self._batches.get(action_id, []):
-                    self._answer(request, ResponseStatus.ERROR, reason)
+                    self._answer(request, Outcome.MODEL_UNLOADED, reason)
                 self._batches[action_id] = []
         device_id = self._placement.pop(model, None)
         if device_id is not None:
@@ -181,7 +181,7 @@ class ReactiveScheduler(PolicyBookkeeping):
             queue = self._queues[model]
             while queue and now_ns - queue[0].arrival_ns >= self._timeout_ns:
                 request = queue.popleft()
-                decisions.responses.append(Response(request.id, ResponseStatus.TIMED_OUT, "queue timeout"))
+                decisions.responses.append(Response(request.id, Outcome.QUEUE_TIMEOUT, "queue timeout"))
             if not queue:
                 del self._queues[model]
 
@@ -261,11 +261,11 @@ class ReactiveScheduler(PolicyBookkeeping):
         if result.ok:
             assert result.timing is not None
             for request in batch:
-                self._answer(request, ResponseStatus.SUCCESS, action_id=action.action_id)
+                self._answer(request, Outcome.SERVED, action_id=action.action_id)
             self.on_batch_done(action.model, batch, result.timing.duration_ns)
         elif result.status is ActionStatus.ERROR:
             for request in batch:
-                self._answer(request, ResponseStatus.ERROR, f"inference failed: {result.message}")
+                self._answer(request, Outcome.INFERENCE_FAILED, f"inference failed: {result.message}")
         else:  # refused: try again, oldest first
             self._queues.setdefault(action.model, deque()).extendleft(reversed(batch))
 

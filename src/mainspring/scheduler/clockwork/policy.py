@@ -24,8 +24,8 @@ from mainspring.protocol import (
     EvictWeights,
     Infer,
     LoadWeights,
+    Outcome,
     Request,
-    ResponseStatus,
 )
 from mainspring.scheduler.base import Decisions
 from mainspring.scheduler.clockwork.admission import Admission
@@ -105,7 +105,7 @@ class ClockworkScheduler(PolicyBookkeeping):
                 self.admission.record(model, now_ns)
             self._enqueue(request)
             return
-        self._answer(request, ResponseStatus.REJECTED, refusal.reason)
+        self._answer(request, Outcome.OVERLOADED if refusal.overloaded else Outcome.DEADLINE_AT_ARRIVAL, refusal.reason)
         if model not in self.residency.holders and not refusal.overloaded:
             self.loads.turned_away.add(model)  # load it anyway, so that later requests can be served
 
@@ -152,27 +152,27 @@ class ClockworkScheduler(PolicyBookkeeping):
                 del self._in_flight[action_id]
                 lost += flight.requests
         if not self.residency.devices:
-            self._answer_everything("no worker is connected")
+            self._answer_everything(Outcome.NO_WORKER, "no worker is connected")
         for request in lost:
             if not self.residency.devices:
-                self._answer(request, ResponseStatus.ERROR, "no worker is connected")
+                self._answer(request, Outcome.NO_WORKER, "no worker is connected")
             elif request.model in self.profiles and now_ns + self._fastest_anywhere(request.model) <= (
                 request.deadline_ns - self._margin_ns
             ):
                 self._enqueue(request)
             else:
                 reason = f"worker of device {device} was lost; the deadline cannot be met"
-                self._answer(request, ResponseStatus.ERROR, reason)
+                self._answer(request, Outcome.WORKER_LOST, reason)
 
     def remove_model(self, model: str, now_ns: int) -> None:
         reason = f"model {model!r} was unloaded"
         for request in self.queues.take_all(model):
-            self._answer(request, ResponseStatus.ERROR, reason)
+            self._answer(request, Outcome.MODEL_UNLOADED, reason)
         self._close_if_empty(model)
         for flight in self._in_flight.values():
             if flight.action.model == model and isinstance(flight.action, Infer):
                 for request in flight.requests:
-                    self._answer(request, ResponseStatus.ERROR, reason)
+                    self._answer(request, Outcome.MODEL_UNLOADED, reason)
                 flight.requests = []
         for device in self.residency.devices:
             self.residency.release(device, model, self._pages_on(model, device))
@@ -180,14 +180,14 @@ class ClockworkScheduler(PolicyBookkeeping):
             part.forget(model)
         self._forget_model(model)
 
-    def _answer_everything(self, reason: str) -> None:
+    def _answer_everything(self, outcome: Outcome, reason: str) -> None:
         for model in self.queues.models():
             for request in self.queues.take_all(model):
-                self._answer(request, ResponseStatus.ERROR, reason)
+                self._answer(request, outcome, reason)
             self._close_if_empty(model)
         for flight in self._in_flight.values():
             for request in flight.requests:
-                self._answer(request, ResponseStatus.ERROR, reason)
+                self._answer(request, outcome, reason)
             flight.requests = []
 
     # --- queues ---------------------------------------------------------------------------
@@ -204,7 +204,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             self._close_if_empty(request.model)
 
     def _expired(self, request: Request, now_ns: int) -> None:
-        self._answer(request, ResponseStatus.REJECTED, "deadline can no longer be met")
+        self._answer(request, Outcome.EXPIRED_IN_QUEUE, "deadline can no longer be met")
         holders = self.residency.holding(request.model)
         for device in holders:
             device.expired.add(1.0 / len(holders), now_ns)
@@ -421,11 +421,11 @@ class ClockworkScheduler(PolicyBookkeeping):
                 self.estimator.observe_exec(action.model, action.batch_size, device.kind, measured, timing.end_ns)
             device.served.add(len(batch), result.timing.end_ns)
             for request in batch:
-                self._answer(request, ResponseStatus.SUCCESS, action_id=action.action_id)
+                self._answer(request, Outcome.SERVED, action_id=action.action_id)
             return
         if result.status is ActionStatus.ERROR:
             for request in batch:
-                self._answer(request, ResponseStatus.ERROR, f"inference failed: {result.message}")
+                self._answer(request, Outcome.INFERENCE_FAILED, f"inference failed: {result.message}")
             return
         if result.status is ActionStatus.NOT_RESIDENT and current:
             self.residency.release(device, action.model, self._pages_on(action.model, device))  # believe the worker
@@ -443,7 +443,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         self.residency.release(device, model, self._pages_on(model, device))
         if result.status is ActionStatus.ERROR and model not in self.residency.holders and model in self.queues:
             for request in self.queues.take_all(model):
-                self._answer(request, ResponseStatus.ERROR, f"loading {model} failed: {result.message}")
+                self._answer(request, Outcome.LOAD_FAILED, f"loading {model} failed: {result.message}")
             self._close_if_empty(model)
 
     # --- loads (planned by ``LoadPlanner``) ---------------------------------------------------

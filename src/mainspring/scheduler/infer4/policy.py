@@ -39,8 +39,8 @@ from mainspring.protocol import (
     EvictWeights,
     Infer,
     LoadWeights,
+    Outcome,
     Request,
-    ResponseStatus,
 )
 from mainspring.scheduler.base import Decisions
 from mainspring.scheduler.clockwork.estimator import Estimator
@@ -192,7 +192,7 @@ class Infer4Scheduler(PolicyBookkeeping):
                 self._requeue(flight.batch, f"worker of device {device} was lost", now_ns)
         if not self.devices:
             for name in list(self.models):
-                self._fail(list(self.models.pop(name).queue), "no worker is connected", None)
+                self._fail(list(self.models.pop(name).queue), Outcome.NO_WORKER, "no worker is connected", None)
 
     def _requeue(self, batch: list[_Queued], reason: str, now_ns: int) -> None:
         """Requests of a lost batch go back to their queue if they can still start in time."""
@@ -200,7 +200,7 @@ class Infer4Scheduler(PolicyBookkeeping):
             name = queued.request.model
             model = self.models.get(name)
             if model is None or not self.devices or now_ns + self._b1_ns(name) > queued.deadline_ns:
-                self._fail([queued], f"{reason}; the deadline cannot be met", None)
+                self._fail([queued], Outcome.WORKER_LOST, f"{reason}; the deadline cannot be met", None)
                 continue
             self.tracker.completed([queued.demand], None)  # its demand starts again, a load included
             remaining = queued.deadline_ns - now_ns
@@ -215,10 +215,10 @@ class Infer4Scheduler(PolicyBookkeeping):
         reason = f"model {model!r} was unloaded"
         entry = self.models.pop(model, None)
         if entry is not None:
-            self._fail(list(entry.queue), reason, None)
+            self._fail(list(entry.queue), Outcome.MODEL_UNLOADED, reason, None)
         for flight in self._in_flight.values():
             if flight.action.model == model and isinstance(flight.action, Infer):
-                self._fail(flight.batch, reason, None)
+                self._fail(flight.batch, Outcome.MODEL_UNLOADED, reason, None)
                 flight.batch = []
         for device in self.devices.values():
             if model in device.loaded or model in device.loading:
@@ -275,7 +275,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         skipped = []
         while queue and queue[0].request.id != request_id and queue[0].deadline_ns < completion:
             skipped.append(queue.popleft())
-        self._fail(skipped, "skipped: the deadline cannot be met beside a larger batch", None, ResponseStatus.REJECTED)
+        self._fail(skipped, Outcome.EXPIRED_IN_QUEUE, "skipped: the deadline cannot be met beside a larger batch", None)
         batch = [queue.popleft() for _ in range(size)]
         self._issue_infer(device, name, batch, free_at, exec_ns, now_ns, decisions)
 
@@ -284,7 +284,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         dropped = []
         while model.queue and model.queue[0].deadline_ns < free_at:
             dropped.append(model.queue.popleft())
-        self._fail(dropped, "could not start in time", None, ResponseStatus.TIMED_OUT)
+        self._fail(dropped, Outcome.QUEUE_TIMEOUT, "could not start in time", None)
         return len(dropped)
 
     def _issue_infer(
@@ -323,10 +323,11 @@ class Infer4Scheduler(PolicyBookkeeping):
                 action.model, action.batch_size, device.spec.kind, result.timing.duration_ns, result.timing.end_ns
             )
             for queued in batch:
-                self._answer(queued.request, ResponseStatus.SUCCESS, action_id=action.action_id)
+                self._answer(queued.request, Outcome.SERVED, action_id=action.action_id)
             self.tracker.completed([q.demand for q in batch], device.spec.device)
             return
-        self._fail(batch, f"inference failed: {result.status.value} {result.message}".strip(), device.spec.device)
+        message = f"inference failed: {result.status.value} {result.message}".strip()
+        self._fail(batch, Outcome.INFERENCE_FAILED, message, device.spec.device)
 
     def _drop_timed_out(self, now_ns: int) -> None:
         """Requests still queued at their scheduling deadline are dropped (answered now)."""
@@ -338,17 +339,17 @@ class Infer4Scheduler(PolicyBookkeeping):
             if model is not None and index is not None:
                 queued = model.queue[index]
                 del model.queue[index]
-                self._fail([queued], "timed out in the queue", None, ResponseStatus.TIMED_OUT)
+                self._fail([queued], Outcome.QUEUE_TIMEOUT, "timed out in the queue", None)
 
     def _fail(
         self,
         batch: list[_Queued],
+        outcome: Outcome,
         reason: str,
         device: int | None,
-        status: ResponseStatus = ResponseStatus.ERROR,
     ) -> None:
         for queued in batch:
-            self._answer(queued.request, status, reason)
+            self._answer(queued.request, outcome, reason)
         if batch and batch[0].request.model in self.profiles:
             self.tracker.completed([q.demand for q in batch], device)
 

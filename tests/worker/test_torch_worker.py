@@ -200,3 +200,23 @@ def test_profiles_count_pages_as_the_worker_packs_them(worker: TorchWorker) -> N
         assert profile.device_kind == "cpu" and profile.load_ns > 0
         assert set(profile.exec_ns) == set(worker.configs()[name].batch_sizes)
         assert profile.pages(16 * MIB) == len(worker._devices[0]._bindings[name].model.layout)
+
+
+def test_a_failing_batch_is_run_again_one_request_at_a_time(worker: TorchWorker, results: Results) -> None:
+    config = worker.configs()["bert_tiny"]
+    assert run(worker, results, results.load("bert_tiny")).status is ActionStatus.OK
+    good = sample_inputs(config, 3, seed=5)
+    bad = {"input_ids": np.full((1, 32), -7, dtype=np.int64)}  # the embedding raises IndexError on it
+    lone = run(worker, results, results.infer("bert_tiny", requests=1, batch=1), [bad])
+    assert lone.status is ActionStatus.ERROR and "IndexError" in lone.message  # never served: the model's fault
+    mixed = run(worker, results, results.infer("bert_tiny", requests=4, batch=4), [good[0], bad, good[1], good[2]])
+    assert mixed.status is ActionStatus.OK and list(mixed.failed) == [1] and "IndexError" in mixed.failed[1]
+    alone = run(worker, results, results.infer("bert_tiny", requests=3, batch=4), good)
+    for index in (0, 2, 3):  # the neighbours' outputs are the ones they get in a batch without the bad input
+        np.testing.assert_allclose(mixed.outputs[index]["pooled"], alone.outputs[index - 1 if index else 0]["pooled"],
+                                   rtol=1e-4, atol=1e-5)  # fmt: skip
+    assert mixed.outputs[1] == {}
+    lone = run(worker, results, results.infer("bert_tiny", requests=1, batch=1), [bad])
+    assert lone.status is ActionStatus.OK and list(lone.failed) == [0]  # it has served: now the input's fault
+    both = run(worker, results, results.infer("bert_tiny", requests=2, batch=2), [bad, bad])
+    assert both.status is ActionStatus.ERROR  # every request failed alone: the batch's failure is the model's

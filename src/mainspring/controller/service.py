@@ -179,7 +179,9 @@ class ControllerService:
         if global_id is None:
             return  # from a device already declared lost
         self.controller.deliver(
-            ActionResult(result.action_id, global_id, result.status, result.timing, result.message, result.outputs)
+            ActionResult(
+                result.action_id, global_id, result.status, result.timing, result.message, result.outputs, result.failed
+            )
         )
 
     def on_lost(self, handle: WorkerHandle) -> None:

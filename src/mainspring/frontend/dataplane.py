@@ -206,6 +206,10 @@ class DataPlane:
                 )
             if tensor.shape[0] < 1:
                 raise InferenceError(400, f"input {tensor.name!r}: the batch dimension must be at least 1")
+            try:
+                spec.check_range(tensor.data)
+            except ValueError as error:
+                raise InferenceError(400, str(error)) from None
             batches.add(tensor.shape[0])
         if len(batches) > 1:
             raise InferenceError(400, f"inputs disagree on the batch dimension: {sorted(batches)}")
@@ -246,6 +250,7 @@ HTTP_STATUS = {
     Outcome.MODEL_UNLOADED: 503,
     Outcome.WORKER_LOST: 503,
     Outcome.LOAD_FAILED: 500,
+    Outcome.INPUT_FAILED: 400,
     Outcome.INFERENCE_FAILED: 500,
     Outcome.SHUTTING_DOWN: 503,
 }

@@ -145,10 +145,13 @@ class _EncoderLayer(nn.Module):
         return _tensor(self.norm2(x + _tensor(self.ff2(F.gelu(_tensor(self.ff1(x)))))))
 
 
+BERT_VOCAB = 30522  # BERT's WordPiece vocabulary
+
+
 class TransformerEncoder(nn.Module):
     """BERT-tiny scale: token ids in, the first token's final hidden state (pooled, tanh) out."""
 
-    def __init__(self, vocab: int = 30522, hidden: int = 128, layers: int = 2, heads: int = 2, seq_len: int = 128):
+    def __init__(self, vocab: int = BERT_VOCAB, hidden: int = 128, layers: int = 2, heads: int = 2, seq_len: int = 128):
         super().__init__()
         self.tokens = nn.Embedding(vocab, hidden)
         self.positions = nn.Embedding(seq_len, hidden)
@@ -205,7 +208,7 @@ ARCHITECTURES: Mapping[str, Architecture] = {
     ),
     "bert_tiny": Architecture(
         lambda a: TransformerEncoder(seq_len=a["seq_len"]),
-        lambda a: (TensorSpec("input_ids", "INT64", (-1, a["seq_len"])),),
+        lambda a: (TensorSpec("input_ids", "INT64", (-1, a["seq_len"]), valid_range=(0, BERT_VOCAB - 1)),),
         lambda a: (TensorSpec("pooled", "FP32", (-1, 128)),),
         {"seq_len": 32},
     ),

@@ -40,7 +40,8 @@ class Outcome(enum.Enum):
     MODEL_UNLOADED = "model_unloaded"
     WORKER_LOST = "worker_lost"  # its worker was lost and the deadline no longer allows another try
     LOAD_FAILED = "load_failed"
-    INFERENCE_FAILED = "inference_failed"
+    INPUT_FAILED = "input_failed"  # the model failed on this request's input, run alone; others were served
+    INFERENCE_FAILED = "inference_failed"  # the model failed on the batch and has served no input yet
     SHUTTING_DOWN = "shutting_down"
 
     @property

@@ -32,6 +32,8 @@ class ActionResult(msgspec.Struct, frozen=True):
 
     ``timing`` is present for every action that ran; a refused action has none.
     ``outputs`` (for ``Infer`` only) holds one entry per request, in batch order.
+    ``failed`` (an ``Infer`` that ran OK) maps the batch positions whose own input failed when
+    run alone to the model's message; their ``outputs`` entries are empty.
     """
 
     action_id: int
@@ -40,6 +42,7 @@ class ActionResult(msgspec.Struct, frozen=True):
     timing: Timing | None = None
     message: str = ""
     outputs: list[object] | None = None
+    failed: dict[int, str] | None = None
 
     @property
     def ok(self) -> bool:

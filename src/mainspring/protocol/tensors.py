@@ -43,19 +43,36 @@ def datatype_of(dtype: np.dtype[Any]) -> str:
         raise ValueError(f"numpy dtype {dtype} has no KServe datatype") from None
 
 
-class TensorSpec(msgspec.Struct, frozen=True):
-    """One named input or output: datatype and shape (-1 for any size, first dimension the batch)."""
+class TensorSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One named input or output: datatype and shape (-1 for any size, first dimension the batch).
+    ``valid_range`` (integer inputs): the least and greatest value the model takes, checked at the door."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    valid_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        numpy_dtype(self.datatype)
+        dtype = numpy_dtype(self.datatype)
         if not self.name:
             raise ValueError("tensor name must not be empty")
         if not self.shape or any(d < -1 or d == 0 for d in self.shape):
             raise ValueError(f"tensor {self.name!r}: bad shape {list(self.shape)} (positive sizes or -1)")
+        if self.valid_range is not None:
+            low, high = self.valid_range
+            if dtype.kind not in "iu" or low > high:
+                raise ValueError(f"tensor {self.name!r}: valid_range {list(self.valid_range)} needs an integer "
+                                 f"datatype and low <= high")  # fmt: skip
+
+    def check_range(self, array: np.ndarray[Any, Any]) -> None:
+        """Raise ``ValueError`` when ``array`` holds a value outside ``valid_range``."""
+        if self.valid_range is None or not array.size:
+            return
+        low, high = self.valid_range
+        least, greatest = int(array.min()), int(array.max())
+        if least < low or greatest > high:
+            bad = least if least < low else greatest
+            raise ValueError(f"input {self.name!r}: value {bad} is outside the model's valid_range [{low}, {high}]")
 
     @property
     def sample_shape(self) -> tuple[int, ...]:

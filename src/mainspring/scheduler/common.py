@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from mainspring.models.profile import ModelProfile
-from mainspring.protocol import DeviceSpec, Outcome, Request, Response
+from mainspring.protocol import ActionResult, DeviceSpec, Outcome, Request, Response
 
 
 class PolicyBookkeeping:
@@ -20,6 +20,15 @@ class PolicyBookkeeping:
 
     def _answer(self, request: Request, outcome: Outcome, reason: str = "", action_id: int | None = None) -> None:
         self._responses.append(Response(request.id, outcome, reason, action_id))
+
+    def _answer_served(self, batch: Sequence[Request], result: ActionResult, action_id: int) -> None:
+        """Answer a batch that ran: served, except the requests whose own input failed (run alone)."""
+        failed = result.failed or {}
+        for index, request in enumerate(batch):
+            if index in failed:
+                self._answer(request, Outcome.INPUT_FAILED, f"inference failed on this input: {failed[index]}")
+            else:
+                self._answer(request, Outcome.SERVED, action_id=action_id)
 
     def _take_responses(self) -> list[Response]:
         responses, self._responses = self._responses, []

@@ -186,4 +186,4 @@ def _to_controller_clock(result: ActionResult, sync: ClockSync, samples: list[An
     if timing is not None:
         timing = Timing(sync.to_controller(timing.begin_ns), sync.to_controller(timing.end_ns))
     outputs: list[object] | None = list(samples) if samples is not None else None
-    return ActionResult(result.action_id, result.device, result.status, timing, result.message, outputs)
+    return ActionResult(result.action_id, result.device, result.status, timing, result.message, outputs, result.failed)

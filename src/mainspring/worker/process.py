@@ -73,7 +73,9 @@ class WorkerConnection:
 
     def _on_result(self, result: ActionResult) -> None:
         # Outputs travel as tensor frames, not inside the header.
-        bare = ActionResult(result.action_id, result.device, result.status, result.timing, result.message)
+        bare = ActionResult(
+            result.action_id, result.device, result.status, result.timing, result.message, failed=result.failed
+        )
         outputs = result.outputs
         if outputs is not None and all(isinstance(o, dict) for o in outputs):
             samples: list[Any] = list(outputs)

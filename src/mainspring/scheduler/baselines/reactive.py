@@ -260,8 +260,7 @@ class ReactiveScheduler(PolicyBookkeeping):
         batch = self._batches.pop(action.action_id)
         if result.ok:
             assert result.timing is not None
-            for request in batch:
-                self._answer(request, Outcome.SERVED, action_id=action.action_id)
+            self._answer_served(batch, result, action.action_id)
             self.on_batch_done(action.model, batch, result.timing.duration_ns)
         elif result.status is ActionStatus.ERROR:
             for request in batch:

@@ -415,13 +415,12 @@ class ClockworkScheduler(PolicyBookkeeping):
     ) -> None:
         if result.ok:
             assert result.timing is not None
-            if current:
+            if current and not result.failed:  # isolating a failed input ran the batch again: not a measurement
                 timing = result.timing
                 measured = timing.duration_ns
                 self.estimator.observe_exec(action.model, action.batch_size, device.kind, measured, timing.end_ns)
             device.served.add(len(batch), result.timing.end_ns)
-            for request in batch:
-                self._answer(request, Outcome.SERVED, action_id=action.action_id)
+            self._answer_served(batch, result, action.action_id)
             return
         if result.status is ActionStatus.ERROR:
             for request in batch:

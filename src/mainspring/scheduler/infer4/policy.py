@@ -319,11 +319,11 @@ class Infer4Scheduler(PolicyBookkeeping):
             return
         if result.ok:
             assert result.timing is not None
-            self.estimator.observe_exec(
-                action.model, action.batch_size, device.spec.kind, result.timing.duration_ns, result.timing.end_ns
-            )
-            for queued in batch:
-                self._answer(queued.request, Outcome.SERVED, action_id=action.action_id)
+            if not result.failed:
+                self.estimator.observe_exec(
+                    action.model, action.batch_size, device.spec.kind, result.timing.duration_ns, result.timing.end_ns
+                )
+            self._answer_served([q.request for q in batch], result, action.action_id)
             self.tracker.completed([q.demand for q in batch], device.spec.device)
             return
         message = f"inference failed: {result.status.value} {result.message}".strip()

@@ -120,6 +120,7 @@ class TorchDevice:
         self._arena.zero_()  # touch every page now: a first-touch page fault would make the first loads slow
         self._bindings: dict[str, _Binding] = {}
         self._resident: dict[str, Residency] = {}
+        self._served: set[str] = set()  # models that have answered some input here: a failure is then the input's
         self._exec_stream = _stream(torch_device) if self._cuda else None
         self._load_stream = _stream(torch_device) if self._cuda else None
         pin = _pin_to_core(settings.pin_core) if settings.pin_core is not None else None
@@ -164,6 +165,7 @@ class TorchDevice:
     def remove(self, model: str) -> None:
         self._bindings.pop(model, None)
         self._resident.pop(model, None)
+        self._served.discard(model)
         self.pool.release(model)
 
     def _warm_up(self, binding: _Binding, batch: int) -> list[int]:
@@ -235,16 +237,55 @@ class TorchDevice:
         def infer() -> list[np.ndarray[Any, Any]]:
             return self._to_host(self._forward(binding, residency, action.batch_size, samples))
 
-        timing, arrays = self._timed(self._exec_stream, infer)
+        try:
+            timing, arrays = self._timed(self._exec_stream, infer)
+        except Exception as error:  # an input the model cannot take, or a model that fails on every input
+            return self._isolate(action, binding, residency, samples, error)
         if self._resident.get(action.model) is not residency:
-            message = f"weights of {action.model} were evicted or reloaded during the inference; outputs discarded"
-            return ActionResult(action.action_id, action.device, ActionStatus.ERROR, timing, message)
+            return self._discarded(action, timing)
+        self._served.add(action.model)
         names = [spec.name for spec in binding.model.config.outputs]
         per_request: list[object] = [
             {name: np.array(array[i : i + 1]) for name, array in zip(names, arrays, strict=True)}
             for i in range(len(samples))
         ]
         return ActionResult(action.action_id, action.device, ActionStatus.OK, timing, outputs=per_request)
+
+    def _isolate(
+        self, action: Infer, binding: _Binding, residency: Residency, samples: Sequence[Sample], error: Exception
+    ) -> ActionResult:
+        """The batch failed: run each request alone, so that only those whose own input fails get
+        the error. The model is at fault (an ``ERROR`` for the whole batch) when every request of
+        a batch fails alone, or when a lone request fails before the model has served any input."""
+        begin = self._clock.now_ns()
+        names = [spec.name for spec in binding.model.config.outputs]
+        outputs: list[object] = []
+        failed: dict[int, str] = {}
+        for index, sample in enumerate(samples):
+            if len(samples) == 1:
+                failed[index] = f"{type(error).__name__}: {error}"
+                outputs.append({})
+                continue
+            try:
+                arrays = self._to_host(self._forward(binding, residency, min(binding.inputs), [sample]))
+                outputs.append({name: np.array(array[0:1]) for name, array in zip(names, arrays, strict=True)})
+            except Exception as alone:
+                failed[index] = f"{type(alone).__name__}: {alone}"
+                outputs.append({})
+        timing = Timing(begin, self._clock.now_ns())
+        if self._resident.get(action.model) is not residency:
+            return self._discarded(action, timing)
+        if len(failed) == len(samples) and (len(samples) > 1 or action.model not in self._served):
+            message = f"{type(error).__name__}: {error}"
+            return ActionResult(action.action_id, action.device, ActionStatus.ERROR, timing, message)
+        if len(failed) < len(samples):
+            self._served.add(action.model)
+        return ActionResult(action.action_id, action.device, ActionStatus.OK, timing, outputs=outputs, failed=failed)
+
+    @staticmethod
+    def _discarded(action: Infer, timing: Timing) -> ActionResult:
+        message = f"weights of {action.model} were evicted or reloaded during the inference; outputs discarded"
+        return ActionResult(action.action_id, action.device, ActionStatus.ERROR, timing, message)
 
     # -- the work -------------------------------------------------------------------------------------------------
 

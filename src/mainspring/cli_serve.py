@@ -95,4 +95,9 @@ def run_worker(args: argparse.Namespace) -> int:
         # as the next controller expects) and say hello to whichever controller binds the address next.
         logging.getLogger(__name__).warning("controller gone; starting over to join the next one")
         os.execv(sys.executable, [sys.executable, "-m", "mainspring.cli", *sys.argv[1:]])
+    if (
+        args.parent_pid is not None
+    ):  # a local worker: its parent starts another; a hung lane thread must not hold the exit
+        logging.shutdown()
+        os._exit(0)
     return 0

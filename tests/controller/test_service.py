@@ -79,3 +79,28 @@ def test_errors_of_the_data_plane() -> None:
         assert no_worker.value.status == 503
 
     with_service(test)
+
+
+def test_a_worker_whose_action_never_reports_is_dropped_and_every_request_answered() -> None:
+    async def scenario() -> None:
+        service = ControllerService(default_slo_ms=500, watchdog_grace_s=0.2)
+        profiles = {"a": profile("a", exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2)}
+        hung = NoiseModel(jitter_sigma=0.0, spike_probability=1.0, spike_min_factor=1e6, spike_max_factor=1e6)
+        handle = InProcessWorker(  # every action takes a million times its profile: a lane that hangs
+            "hung", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], profiles, sink, hung), service,
+            asyncio.get_running_loop(),
+        )  # fmt: skip
+        handle.join()
+        plane = DataPlane(service)
+        try:
+            begin = asyncio.get_running_loop().time()
+            with pytest.raises(InferenceError) as failed:
+                await asyncio.wait_for(plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {}), 10)
+            assert failed.value.status == 503 and failed.value.outcome is not None  # answered, with a reason
+            assert asyncio.get_running_loop().time() - begin < 5
+            assert handle.closed and service.device_count == 0  # dropped: told to start over
+        finally:
+            await service.drain(1.0)
+            handle.close("test over")
+
+    asyncio.run(scenario())

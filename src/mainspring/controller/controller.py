@@ -108,6 +108,15 @@ class Controller:
             self._pending_wakeup_ns = None
         self._pump(now)
 
+    def overdue_devices(self, now_ns: int, grace_ns: int) -> dict[int, Action]:
+        """Devices with an action whose result is overdue: not back by its latest start plus twice its
+        expected duration plus ``grace_ns`` (one such action per device)."""
+        return {
+            action.device: action
+            for action in self._in_flight.values()
+            if now_ns > action.latest_ns + 2 * action.expected_duration_ns + grace_ns
+        }
+
     def remove_device(self, device: int) -> None:
         """The device is gone: forget its in-flight actions and let the policy reschedule their requests."""
         if not isinstance(self._scheduler, Membership):

@@ -84,8 +84,10 @@ class ControllerService:
         default_slo_ms: float = 100.0,
         seed: int = 0,
         deadline_margin_ms: float = DEFAULT_DEADLINE_MARGIN_MS,
+        watchdog_grace_s: float = 10.0,
     ) -> None:
         self.clock = WallClock()
+        self.watchdog_grace_s = watchdog_grace_s  # beyond an action's window and twice its expected duration
         self.policy_name = policy
         self.default_slo_ns = round(default_slo_ms * 1e6)
         scheduler = make_scheduler(policy, {}, [], random.Random(seed), round(deadline_margin_ms * 1e6))
@@ -110,6 +112,7 @@ class ControllerService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.accepting = True
         self.worker_joined = asyncio.Event()
+        self._watchdog: asyncio.Task[None] | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -172,7 +175,30 @@ class ControllerService:
         self._update_gauges()
         log.info("worker %s joined: %d device(s), models %s", handle.name, len(devices), sorted(self.models))
         self.worker_joined.set()
+        if self._watchdog is None:
+            self._watchdog = self.loop.create_task(self._watch_actions())
         self.controller.pump()
+
+    async def _watch_actions(self, period_s: float = 0.25) -> None:
+        """A worker whose action never reports (a lane hung inside a live process, which still answers
+        heartbeats) is dropped as lost: its requests are requeued where they can still make it and
+        answered otherwise, and it is told to start over (``mainspring worker`` does, and
+        ``mainspring serve`` restarts a local one that exits)."""
+        grace_ns = round(self.watchdog_grace_s * NS_PER_S)
+        while True:
+            await asyncio.sleep(period_s)
+            now = self.clock.now_ns()
+            for device, action in self.controller.overdue_devices(now, grace_ns).items():
+                link = self._links.get(device)
+                if link is None or id(link.handle) not in self._handles:
+                    continue
+                late_s = (now - action.latest_ns - action.expected_duration_ns) / NS_PER_S
+                log.error("worker %s: %s action %d on device %d has not reported %.1f s after it was due; "
+                          "dropping the worker", link.handle.name, type(action).__name__, action.action_id,
+                          device, late_s)  # fmt: skip
+                self.metrics.hung_actions.inc()
+                link.handle.close(f"action {action.action_id} did not report in time: start over")
+                self.on_lost(link.handle)
 
     def on_result(self, handle: WorkerHandle, result: ActionResult) -> None:
         global_id = self._global_id.get((id(handle), result.device))
@@ -262,6 +288,8 @@ class ControllerService:
     async def drain(self, timeout_s: float) -> int:
         """Stop accepting; wait up to ``timeout_s`` for outstanding requests, then answer the rest with an error."""
         self.accepting = False
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
         while self.controller.outstanding and self.clock.now_ns() < deadline:
             await asyncio.sleep(0.01)

@@ -68,6 +68,9 @@ class ServingMetrics:
             "mainspring_device_busy_fraction", "Exec lane busy share over the last 10 s", ["device"], registry=r
         )
         self.workers = Gauge("mainspring_workers", "Connected workers", registry=r)
+        self.hung_actions = Counter(
+            "mainspring_hung_actions", "Actions that never reported: their worker was dropped", registry=r
+        )
         self.worker_restarts = Counter(
             "mainspring_worker_restarts", "Local worker processes restarted after they exited", registry=r
         )

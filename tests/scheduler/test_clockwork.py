@@ -297,3 +297,41 @@ def test_past_saturation_the_batch_that_serves_more_per_ms_runs() -> None:
     # A device that is not shedding load keeps deadline order (a transient burst, not saturation).
     (first, *_) = contended(b_slo_ms=10, shedding=False)
     assert first.model == "a"
+
+
+def test_a_request_stranded_behind_other_models_spills_to_an_idle_device() -> None:
+    profiles = {"a": profile("a"), "slow": profile("slow", exec_ms={1: 30.0, 2: 55.0})}
+    specs = [DeviceSpec(i, "v100", 100 * PAGE, PAGE) for i in range(2)]
+    policy = ClockworkScheduler(profiles, specs[:1], ClockworkConfig(spill_after=0.5))
+    now = 0
+    for model in ("a", "slow"):  # both loaded on device 0; device 1 joins afterwards
+        policy.on_request(request(100 + len(model), model, now, slo_ms=200), now)
+        (load,) = [x for x in policy.schedule(now).actions if isinstance(x, LoadWeights)]
+        assert load.device == 0
+        policy.on_result(ok(load.action_id, 0, now, now + 5 * MS), now + 5 * MS)
+        now += 5 * MS
+        (infer,) = infers(policy.schedule(now))
+        run_ms = 2 if model == "a" else 30
+        policy.on_result(ok(infer.action_id, 0, now, now + run_ms * MS), now + run_ms * MS)
+        now += run_ms * MS
+    policy.add_device(specs[1])
+    for i in range(3):  # three slow requests ahead of one for a: device 0 is booked for 90 ms
+        policy.on_request(request(i, "slow", now, slo_ms=100), now)
+    policy.on_request(request(9, "a", now + 1 * MS, slo_ms=100), now + 1 * MS)
+    (first,) = infers(policy.schedule(now + 1 * MS))
+    assert first.model == "slow"
+    policy.on_result(ok(first.action_id, 0, now + 1 * MS, now + 31 * MS), now + 31 * MS)
+    (second,) = infers(policy.schedule(now + 31 * MS))
+    assert second.model == "slow" and not any(
+        isinstance(x, LoadWeights) for x in policy.schedule(now + 40 * MS).actions
+    )
+    # Half their SLO gone, behind a booked lane, the stranded models load on the idle device 1
+    # (the most urgent first), so that they may be served there instead of expiring behind slow.
+    loads = []
+    for t in range(now + 31 * MS, now + 62 * MS, MS):
+        for action in policy.schedule(t).actions:
+            if isinstance(action, LoadWeights):
+                loads.append((action.model, action.device, t - now))
+                policy.on_result(ok(action.action_id, 1, t, t + 5 * MS), t + 5 * MS)
+    assert [(m, d) for m, d, _ in loads] == [("slow", 1), ("a", 1)]
+    assert all(at > 50 * MS for _, _, at in loads)  # not before half the SLO

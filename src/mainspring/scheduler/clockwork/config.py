@@ -33,6 +33,8 @@ class ClockworkConfig:
     ``efficient_when_contended``: when the waiting models' batches cannot all meet their deadlines
     in deadline order, run the one that serves the most requests per unit of lane time (a model
     within its share keeps deadline order against models over theirs).
+    ``spill_after``: a queued request that has waited this share of its SLO on a holder whose
+    exec lane is booked marks its model for a new replica (None: never).
     ``estimate_max_age_s``: measurements older than this stop counting (None: never), so one
     stall cannot lock a model out for good; models measured less often fall back to the profile."""
 
@@ -58,6 +60,7 @@ class ClockworkConfig:
     share_full_batch: bool = True
     start_early: bool = False
     efficient_when_contended: bool = True
+    spill_after: float | None = 0.5
 
     def __post_init__(self) -> None:
         problems = []
@@ -71,6 +74,8 @@ class ClockworkConfig:
             problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must not be negative")
         if self.estimate_max_age_s is not None and self.estimate_max_age_s <= 0:
             problems.append(f"estimate_max_age_s={self.estimate_max_age_s} must be positive (or None)")
+        if self.spill_after is not None and not 0 < self.spill_after < 1:
+            problems.append(f"spill_after={self.spill_after} must lie in (0, 1) (or None)")
         if self.max_batch_size < 1:
             problems.append(f"max_batch_size={self.max_batch_size} must be at least 1")
         if problems:

@@ -133,6 +133,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         for device in self.residency.devices:
             if device.waiting and device.exec_lane.free_ns <= limit:
                 self._plan_infers(device, now_ns, decisions)
+        if self.config.spill_after is not None:
+            self._spill_the_stranded(now_ns, self.config.spill_after)
         if self.loads.wanted:
             self.loads.plan(now_ns, decisions, self._issue_load)
         decisions.responses = self._take_responses()
@@ -208,6 +210,17 @@ class ClockworkScheduler(PolicyBookkeeping):
         holders = self.residency.holding(request.model)
         for device in holders:
             device.expired.add(1.0 / len(holders), now_ns)
+
+    def _spill_the_stranded(self, now_ns: int, after: float) -> None:
+        """A request that has waited ``after`` of its SLO behind other models' batches on a busy
+        holder asks for a new replica: a device with an idle lane loads its model (if in time)."""
+        for device in self.residency.devices:
+            if device.exec_lane.free_ns <= now_ns:
+                continue
+            for model in device.waiting:
+                head = self.queues[model].head()
+                if head is not None and now_ns - head.arrival_ns > after * head.slo_ns:
+                    self.admission.needs_replica.add(model)
 
     def _close_if_empty(self, model: str) -> None:
         if self.queues.close_if_empty(model):

@@ -191,13 +191,13 @@ class LoadTracker:
     def model_to_load(self, device: int) -> str | None:
         """The model with outstanding demand and the highest positive load priority that
         ``device`` does not hold (ties: the most recently used there)."""
-        best: tuple[float, int] | None = None
+        best: tuple[float, int, str] | None = None  # the name breaks ties: runs repeat across processes
         chosen = None
         for name in self.active:
             m = self._models[name]
             if device in m.devices:
                 continue
-            key = (self.load_priority(name), m.last_used.get(device, 0))
+            key = (self.load_priority(name), m.last_used.get(device, 0), name)
             if best is None or key > best:
                 best, chosen = key, name
         if best is None or best[0] <= 0:

@@ -368,7 +368,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         need = self.pages_of(name, device.spec)
         if need > device.spec.total_pages:
             return
-        held = [m for m in device.loaded if m not in device.busy]
+        held = [m for m in sorted(device.loaded) if m not in device.busy]  # sorted: runs repeat across processes
         for victim in self.tracker.eviction_order(device.spec.device, held):
             if device.free_pages >= need:
                 break

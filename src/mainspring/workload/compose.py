@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from mainspring.models.profile import ModelProfile
 from mainspring.time import NS_PER_S
 from mainspring.workload.base import Arrival, Workload
+from mainspring.workload.generators import poisson_times
 
 
 @dataclass
@@ -63,13 +64,8 @@ class ProgressiveActivation(Workload):
         return min(n_models, self.initial + int(time_ns // (self.interval_s * NS_PER_S)))
 
     def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
-        t = 0.0
-        per_ns = self.rate_rps / NS_PER_S
-        while True:
-            t += rng.expovariate(per_ns)
-            if t >= duration_ns:
-                return
-            yield Arrival(int(t), models[rng.randrange(self.active_at(int(t), len(models)))].model)
+        for t in poisson_times(self.rate_rps, duration_ns, rng):
+            yield Arrival(t, models[rng.randrange(self.active_at(t, len(models)))].model)
 
     def describe(self) -> str:
         return f"{self.rate_rps:g} r/s over {self.initial}+1 per {self.interval_s:g} s active models"

@@ -24,6 +24,17 @@ def popularity_weights(count: int, popularity: str, zipf_s: float = 1.0) -> list
     raise ValueError(f"unknown popularity {popularity!r}; choose one of {', '.join(POPULARITIES)}")
 
 
+def poisson_times(rate_rps: float, duration_ns: int, rng: random.Random) -> Iterator[int]:
+    """Arrival times (ns) of a Poisson process at ``rate_rps`` until ``duration_ns``."""
+    t = 0.0
+    rate_per_ns = rate_rps / NS_PER_S
+    while True:
+        t += rng.expovariate(rate_per_ns)
+        if t >= duration_ns:
+            return
+        yield int(t)
+
+
 def _positive(name: str, value: float) -> None:
     if not value > 0:
         raise ValueError(f"{name} must be positive, got {value}")
@@ -46,13 +57,8 @@ class PoissonOpenLoop(Workload):
         weights = popularity_weights(len(models), self.popularity, self.zipf_s)
         cumulative = list(itertools.accumulate(weights))
         names = [m.model for m in models]
-        t = 0.0
-        rate_per_ns = self.rate_rps / NS_PER_S
-        while True:
-            t += rng.expovariate(rate_per_ns)
-            if t >= duration_ns:
-                return
-            yield Arrival(int(t), rng.choices(names, cum_weights=cumulative)[0])
+        for t in poisson_times(self.rate_rps, duration_ns, rng):
+            yield Arrival(t, rng.choices(names, cum_weights=cumulative)[0])
 
     def describe(self) -> str:
         return f"poisson {self.rate_rps:g} r/s, {self.popularity}"

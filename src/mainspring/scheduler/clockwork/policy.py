@@ -202,10 +202,10 @@ class ClockworkScheduler(PolicyBookkeeping):
     def _expire(self, now_ns: int) -> None:
         """Reject queued requests that no device could now finish in time."""
         for request in self.queues.expired(now_ns):
-            self._expired(request, now_ns)
+            self._reject_expired(request, now_ns)
             self._close_if_empty(request.model)
 
-    def _expired(self, request: Request, now_ns: int) -> None:
+    def _reject_expired(self, request: Request, now_ns: int) -> None:
         self._answer(request, Outcome.EXPIRED_IN_QUEUE, "deadline can no longer be met")
         holders = self.residency.holding(request.model)
         for device in holders:
@@ -213,7 +213,10 @@ class ClockworkScheduler(PolicyBookkeeping):
 
     def _spill_the_stranded(self, now_ns: int, after: float) -> None:
         """A request that has waited ``after`` of its SLO behind other models' batches on a busy
-        holder asks for a new replica: a device with an idle lane loads its model (if in time)."""
+        holder asks for a new replica: a device with an idle lane loads its model (if in time).
+        Checked on every pass: every ``replication_check_ms`` instead raised the Azure x30 window
+        from 2 to 1,196 misses. The scan visits every waiting model of every busy device, which
+        is most of the policy's CPU at 32 devices (``docs/scheduler.md``)."""
         for device in self.residency.devices:
             if device.exec_lane.free_ns <= now_ns:
                 continue
@@ -314,18 +317,16 @@ class ClockworkScheduler(PolicyBookkeeping):
         """What to run instead of the least-slack batch, when the candidates cannot all be served.
         A model within its share keeps deadline order against models over theirs (isolation)."""
         over_share = self.admission.over_share
+        chosen_over = over_share(chosen.model, device, now_ns)
         if (
             self.config.efficient_when_contended
             and device.shedding(now_ns, SHEDDING_SHARE)
-            and (
-                over_share(chosen.model, device, now_ns)
-                or not any(over_share(c.model, device, now_ns) for c in choices)
-            )
+            and (chosen_over or not any(over_share(c.model, device, now_ns) for c in choices))
         ):
             efficient = self._most_efficient_if_contended(device, chosen, choices)
             if efficient is not None:
                 return efficient
-        if self.config.lookahead and over_share(chosen.model, device, now_ns):
+        if self.config.lookahead and chosen_over:
             return self._spare_the_next(device, chosen, choices, now_ns)
         return chosen
 
@@ -382,7 +383,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             if self._earliest_completion(queue.model, now_ns) + self._margin_ns <= head.deadline_ns:
                 return head
             queue.pop()
-            self._expired(head, now_ns)
+            self._reject_expired(head, now_ns)
 
     def _earliest_completion(self, model: str, now_ns: int) -> int:
         """Best case over devices: on a holder as soon as its lane frees, else after a cold load."""

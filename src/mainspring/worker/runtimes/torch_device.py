@@ -262,10 +262,10 @@ class TorchDevice:
         outputs: list[object] = []
         failed: dict[int, str] = {}
         for index, sample in enumerate(samples):
-            if len(samples) == 1:
+            if len(samples) == 1:  # it has just failed alone
                 failed[index] = f"{type(error).__name__}: {error}"
                 outputs.append({})
-                continue
+                break
             try:
                 arrays = self._to_host(self._forward(binding, residency, min(binding.inputs), [sample]))
                 outputs.append({name: np.array(array[0:1]) for name, array in zip(names, arrays, strict=True)})

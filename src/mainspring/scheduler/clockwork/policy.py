@@ -90,6 +90,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         self._slack_ns = config.window_slack_ns
         self._margin_ns = config.deadline_margin_ns
         self._in_flight: dict[int, _Flight] = {}
+        self._stranded: set[str] = set()  # models whose oldest request waited past ``spill_after``
 
     # --- the contract ------------------------------------------------------------
     def on_request(self, request: Request, now_ns: int) -> None:
@@ -196,7 +197,9 @@ class ClockworkScheduler(PolicyBookkeeping):
     def _enqueue(self, request: Request) -> None:
         """Queue ``request`` until the last moment its fastest batch could start on any device."""
         expires = request.deadline_ns - self._margin_ns - self._fastest_anywhere(request.model) + 1
-        if self.queues.push(request, expires):
+        after = self.config.spill_after
+        strands = None if after is None else request.arrival_ns + int(after * request.slo_ns) + 1
+        if self.queues.push(request, expires, strands):
             self.residency.queue_opened(request.model)
 
     def _expire(self, now_ns: int) -> None:
@@ -214,16 +217,20 @@ class ClockworkScheduler(PolicyBookkeeping):
     def _spill_the_stranded(self, now_ns: int, after: float) -> None:
         """A request that has waited ``after`` of its SLO behind other models' batches on a busy
         holder asks for a new replica: a device with an idle lane loads its model (if in time).
-        Checked on every pass: every ``replication_check_ms`` instead raised the Azure x30 window
-        from 2 to 1,196 misses. The scan visits every waiting model of every busy device, which
-        is most of the policy's CPU at 32 devices (``docs/scheduler.md``)."""
-        for device in self.residency.devices:
-            if device.exec_lane.free_ns <= now_ns:
-                continue
-            for model in device.waiting:
-                head = self.queues[model].head()
-                if head is not None and now_ns - head.arrival_ns > after * head.slo_ns:
-                    self.admission.needs_replica.add(model)
+        Checked on every pass (every ``replication_check_ms`` instead raised the Azure x30 window
+        from 2 to 1,196 misses), but only for models with such a request: a heap of strand times
+        finds them, so the cost does not grow with the devices' waiting models."""
+        stranded, needs_replica = self._stranded, self.admission.needs_replica
+        stranded.update(self.queues.newly_stranded(now_ns))
+        for model in list(stranded):
+            if model in needs_replica:
+                continue  # looked at again once its replica is placed (or its queue closes)
+            queue = self.queues.get(model)
+            head = None if queue is None else queue.head()
+            if head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
+                stranded.discard(model)  # its stranded requests left; later ones have their own strand time
+            elif any(device.exec_lane.free_ns > now_ns for device in self.residency.holding(model)):
+                needs_replica.add(model)
 
     def _close_if_empty(self, model: str) -> None:
         if self.queues.close_if_empty(model):
@@ -388,9 +395,11 @@ class ClockworkScheduler(PolicyBookkeeping):
     def _earliest_completion(self, model: str, now_ns: int) -> int:
         """Best case over devices: on a holder as soon as its lane frees, else after a cold load."""
         best = NEVER
+        kind, fastest = "", 0  # holders are mostly of one kind: estimate once per run of a kind
         for d in self.residency.holding(model):
-            start = max(now_ns, d.exec_lane.free_ns, d.ready_ns[model])
-            best = min(best, start + self.shapes.fastest_ns(model, d.kind))
+            if d.kind != kind:
+                kind, fastest = d.kind, self.shapes.fastest_ns(model, d.kind)
+            best = min(best, max(now_ns, d.exec_lane.free_ns, d.ready_ns[model]) + fastest)
         if best == NEVER:
             for d in self.residency.devices:
                 ready = max(now_ns, d.load_lane.free_ns) + self.estimator.load_ns(model, d.kind)

@@ -57,13 +57,15 @@ class ModelQueue:
 
 
 class RequestQueues:
-    """Every model's queue and one expiry heap: a request expires at the last moment its
-    fastest batch could still start on any device (set by the policy when it is queued)."""
+    """Every model's queue and two heaps: a request *expires* at the last moment its fastest
+    batch could still start on any device, and is *stranded* once it has waited a set share
+    of its SLO (both times set by the policy when it is queued)."""
 
     def __init__(self) -> None:
         self._queues: dict[str, ModelQueue] = {}
         self._live: dict[int, Request] = {}
         self._expiry: list[tuple[int, int, str]] = []
+        self._strands: list[tuple[int, int, str]] = []
 
     def __contains__(self, model: object) -> bool:
         return model in self._queues
@@ -80,7 +82,7 @@ class RequestQueues:
     def models(self) -> list[str]:
         return list(self._queues)
 
-    def push(self, request: Request, expires_ns: int) -> bool:
+    def push(self, request: Request, expires_ns: int, strands_ns: int | None = None) -> bool:
         """Queue ``request``; True if its model had no queue before."""
         queue = self._queues.get(request.model)
         opened = queue is None
@@ -88,7 +90,17 @@ class RequestQueues:
             queue = self._queues[request.model] = ModelQueue(request.model, self._live)
         queue.push(request)
         heapq.heappush(self._expiry, (expires_ns, request.id, request.model))
+        if strands_ns is not None:
+            heapq.heappush(self._strands, (strands_ns, request.id, request.model))
         return opened
+
+    def newly_stranded(self, now_ns: int) -> Iterator[str]:
+        """The models of queued requests whose strand time has come since the last call."""
+        strands, live = self._strands, self._live
+        while strands and strands[0][0] <= now_ns:
+            _, request_id, model = heapq.heappop(strands)
+            if request_id in live:
+                yield model
 
     def expired(self, now_ns: int) -> Iterator[Request]:
         """Take out every queued request whose expiry has come."""

@@ -37,7 +37,8 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("worker", help="run a worker that connects to a controller")
-    p.add_argument("--controller", required=True, help="controller address, tcp://HOST:PORT")
+    p.add_argument("--controller", required=True,
+                   help="controller, tcp://HOST:PORT (its worker_secret in $MAINSPRING_WORKER_SECRET)")  # fmt: skip
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
     p.add_argument("--repo", type=Path, required=True, help="model repository")
     p.add_argument("--pool-mib", type=int, help="weight pool in MiB (default: 2048 on cpu, half the GPU)")
@@ -73,6 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def run_worker(args: argparse.Namespace) -> int:
     from mainspring.models.repository import ModelRepository
+    from mainspring.transport.security import SECRET_ENV
     from mainspring.worker.pages import MIB
     from mainspring.worker.process import CONTROLLER_GONE, WorkerConnection
     from mainspring.worker.runtimes.torch_device import ExecSettings
@@ -86,6 +88,7 @@ def run_worker(args: argparse.Namespace) -> int:
         args.controller,
         lambda sink: TorchWorker(repo, sink, [args.device], pool_bytes=pool, settings=settings),
         name=args.name,
+        secret=os.environ.get(SECRET_ENV, ""),
     )
     signal.signal(signal.SIGTERM, lambda *_: connection.stop())
     signal.signal(signal.SIGINT, lambda *_: connection.stop())

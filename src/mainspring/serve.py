@@ -30,16 +30,20 @@ from typing import Any
 from aiohttp import web
 
 from mainspring.controller.service import DEFAULT_DEADLINE_MARGIN_MS, ControllerService
+from mainspring.frontend.access import Access
 from mainspring.frontend.dataplane import DataPlane
 from mainspring.frontend.http import make_app
+from mainspring.frontend.limits import RequestLimits
 from mainspring.models.repository import ModelRepository
 from mainspring.scheduler.registry import DEFAULT_POLICY, policy_names
+from mainspring.transport.security import SECRET_ENV
 from mainspring.transport.zmq_hub import WorkerHub
 
 log = logging.getLogger("mainspring.serve")
 
 ENV_PREFIX = "MAINSPRING_"
 DEFAULT_ZOO = ("resnet18", "mobilenetv2", "bert_tiny", "mlp")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,17 @@ class ServeConfig:
     drain_s: float = 5.0
     join_timeout_s: float = 180.0
     max_restarts_per_minute: int = 5  # per local worker
+    # Security: set the secrets in the config file or the environment, never as flags (``ps`` shows flags).
+    auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)
+    auth_inference: bool = False  # require the token for inference, metadata, statistics and metrics too
+    worker_secret: str = field(default="", repr=False)  # workers must hold it to join (ZeroMQ CURVE)
+    # What one request may be (``frontend/limits.py``).
+    max_body_bytes: int = RequestLimits.max_body_bytes
+    max_header_bytes: int = RequestLimits.max_header_bytes
+    max_inputs: int = RequestLimits.max_inputs
+    max_elements: int = RequestLimits.max_elements
+    max_string_bytes: int = RequestLimits.max_string_bytes
+    max_json_depth: int = RequestLimits.max_json_depth
 
     def __post_init__(self) -> None:
         problems = []
@@ -77,11 +92,20 @@ class ServeConfig:
             problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must lie in [0, slo_ms)")
         if self.max_restarts_per_minute < 0:
             problems.append(f"max_restarts_per_minute={self.max_restarts_per_minute} must not be negative")
+        if self.auth_inference and not self.auth_token:
+            problems.append("auth_inference needs auth_token to be set")
+        try:
+            self.limits()
+        except ValueError as error:
+            problems.append(str(error))
         for positive in ("slo_ms", "heartbeat_s", "worker_timeout_s", "join_timeout_s"):
             if not getattr(self, positive) > 0:
                 problems.append(f"{positive}={getattr(self, positive)} must be positive")
         if problems:
             raise ValueError("bad serve configuration: " + "; ".join(problems))
+
+    def limits(self) -> RequestLimits:
+        return RequestLimits(**{f.name: getattr(self, f.name) for f in fields(RequestLimits)})
 
     @property
     def repo_path(self) -> Path:
@@ -179,7 +203,11 @@ class Server:
         self.service = ControllerService(config.policy, config.slo_ms, deadline_margin_ms=config.deadline_margin_ms)
         self.repo: ModelRepository | None = None
         self.hub = WorkerHub(
-            f"tcp://{config.host}:{config.worker_port}", self.service, config.heartbeat_s, config.worker_timeout_s
+            f"tcp://{config.host}:{config.worker_port}",
+            self.service,
+            config.heartbeat_s,
+            config.worker_timeout_s,
+            secret=config.worker_secret,
         )
         self._runner: web.AppRunner | None = None
         self._grpc: Any = None
@@ -193,9 +221,21 @@ class Server:
             ModelRepository(config.repo_path) if config.repo_path.is_dir() else None
         )  # fmt: skip
         await self.hub.start()
-        plane = DataPlane(self.service, self.repo)
+        access = Access(config.auth_token, config.auth_inference)
+        plane = DataPlane(self.service, self.repo, limits=config.limits(), access=access)
+        if config.host not in LOOPBACK:
+            if not config.auth_token:
+                log.warning("listening on %s without auth_token: anyone who reaches it can load and unload models",
+                            config.host)  # fmt: skip
+            if not config.worker_secret:
+                log.warning("listening on %s without worker_secret: anyone who reaches port %d can join as a worker",
+                            config.host, config.worker_port)  # fmt: skip
         # Requests were answered by the drain; idle connections must not hold the shutdown for aiohttp's 60 s.
-        self._runner = web.AppRunner(make_app(plane), access_log=None, shutdown_timeout=1.0)
+        header = config.max_header_bytes
+        self._runner = web.AppRunner(
+            make_app(plane), access_log=None, shutdown_timeout=1.0,
+            handler_args={"max_line_size": header, "max_field_size": header},
+        )  # fmt: skip
         await self._runner.setup()
         await web.TCPSite(self._runner, config.host, config.http_port).start()
         from mainspring.frontend.grpc import start_grpc
@@ -219,7 +259,14 @@ class Server:
                 command += ["--pool-mib", str(self.config.pool_mib)]
             if self.config.pin_cpu_workers and device == "cpu":
                 command += ["--pin-core", str(-1 - index)]  # from the last core down; the controller keeps core 0
-            self._local.append(LocalWorker(name, command, subprocess.Popen(command)))
+            self._local.append(LocalWorker(name, command, subprocess.Popen(command, env=self._worker_env())))
+
+    def _worker_env(self) -> dict[str, str]:
+        """The environment of a local worker: ours, with the worker secret (never on its command line)."""
+        env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+        if self.config.worker_secret:
+            env[SECRET_ENV] = self.config.worker_secret
+        return env
 
     async def _supervise(self, period_s: float = 0.2) -> None:
         """Start again every local worker that exited, with backoff and a bound per minute."""
@@ -246,7 +293,7 @@ class Server:
                 elif now >= worker.restart_at:
                     worker.restart_at = None
                     worker.restarts.append(now)
-                    worker.process = subprocess.Popen(worker.command)
+                    worker.process = subprocess.Popen(worker.command, env=self._worker_env())
                     self.service.metrics.worker_restarts.inc()
                     log.info("local worker %s started again (pid %d)", worker.name, worker.process.pid)
 

@@ -17,23 +17,19 @@ import numpy as np
 
 import mainspring
 from mainspring.controller.service import ControllerService, ServedModel, ServiceError
+from mainspring.frontend.access import Access
+from mainspring.frontend.errors import InferenceError
+from mainspring.frontend.limits import RequestLimits
 from mainspring.models.repository import ModelLoadError, ModelRepository
 from mainspring.protocol import Outcome
 from mainspring.protocol.tensors import DATATYPES, shape_matches
 from mainspring.time import NS_PER_MS, NS_PER_US
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "parameters"]
+__all__ = ["HTTP_STATUS", "DataPlane", "InferenceError", "Tensor", "decode_tensor"]
 
 
-class InferenceError(Exception):
-    """A request that gets no result: an HTTP status and a message for the client."""
-
-    def __init__(self, status: int, message: str, outcome: Outcome | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.outcome = outcome  # the scheduler's, when the scheduler answered
-
+MAX_DIMENSIONS = 32  # numpy's own limit is 64
 
 _SERVICE_STATUS = {"not_found": 404, "invalid": 400, "unavailable": 503}
 
@@ -49,10 +45,19 @@ class Tensor:
 
 
 class DataPlane:
-    def __init__(self, service: ControllerService, repo: ModelRepository | None = None, name: str = "mainspring"):
+    def __init__(
+        self,
+        service: ControllerService,
+        repo: ModelRepository | None = None,
+        name: str = "mainspring",
+        limits: RequestLimits | None = None,
+        access: Access | None = None,
+    ) -> None:
         self.service = service
         self.repo = repo
         self.name = name
+        self.limits = limits or RequestLimits()
+        self.access = access or Access()
 
     # --- health and metadata -----------------------------------------------------------------
     def live(self) -> bool:
@@ -256,15 +261,22 @@ HTTP_STATUS = {
 }
 
 
-def decode_tensor(name: str, datatype: str, shape: Any, data: Any, raw: bytes | None) -> Tensor:
-    """Build a tensor from JSON data (flat or nested) or raw bytes; ``InferenceError`` 400 names what is wrong."""
+def decode_tensor(
+    name: str, datatype: str, shape: Any, data: Any, raw: bytes | None, limits: RequestLimits, so_far: int = 0
+) -> tuple[Tensor, int]:
+    """Build a tensor from JSON data (flat or nested) or raw bytes, and the request's values counted
+    so far with it (``so_far`` before); ``InferenceError`` 400 names what is wrong."""
+    limits.check_string("an input name", name)
     dtype = DATATYPES.get(datatype)
     if dtype is None:
-        raise InferenceError(400, f"input {name!r}: unsupported datatype {datatype!r}")
+        raise InferenceError(400, f"input {name!r}: unsupported datatype {datatype[:64]!r}")
     if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                                       for d in shape):  # fmt: skip
-        raise InferenceError(400, f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}")
+        raise InferenceError(400, f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}"[:300])
+    if len(shape) > MAX_DIMENSIONS:
+        raise InferenceError(400, f"input {name!r}: shape has {len(shape)} dimensions, at most {MAX_DIMENSIONS}")
     count = math.prod(shape)
+    so_far = limits.check_elements(name, count, so_far)
     if raw is not None:
         if len(raw) != count * dtype.itemsize:
             raise InferenceError(400, f"input {name!r}: {len(raw)} bytes of data, shape {list(shape)} of {datatype} "
@@ -278,4 +290,4 @@ def decode_tensor(name: str, datatype: str, shape: Any, data: Any, raw: bytes | 
         if array.size != count:
             raise InferenceError(400, f"input {name!r}: {array.size} values, shape {list(shape)} needs {count}")
         array = array.reshape(shape)
-    return Tensor(name, datatype, list(shape), array)
+    return Tensor(name, datatype, list(shape), array), so_far

@@ -19,7 +19,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from mainspring.frontend.access import UNAUTHORIZED, Access, grpc_scope
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
+from mainspring.frontend.limits import RequestLimits
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +145,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
         async def work() -> Any:
             parameters = {key: _parameter(value) for key, value in request.parameters.items()}
-            inputs = _inputs(request)
+            inputs = _inputs(request, self.plane.limits)
+            self.plane.limits.check_count("outputs", len(request.outputs))
             requested = [o.name for o in request.outputs] or None
             served, outputs = await self.plane.infer(
                 request.model_name, request.model_version or None, inputs, requested, parameters
@@ -159,29 +162,53 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         return await _guard(context, work)
 
 
-def _inputs(request: Any) -> list[Tensor]:
+def _inputs(request: Any, limits: RequestLimits) -> list[Tensor]:
+    limits.check_count("inputs", len(request.inputs))
     raw_contents = list(request.raw_input_contents)
     if raw_contents and len(raw_contents) != len(request.inputs):
         raise InferenceError(400, f"{len(raw_contents)} raw_input_contents for {len(request.inputs)} inputs")
-    tensors = []
+    tensors, count = [], 0
     for index, entry in enumerate(request.inputs):
         shape = list(entry.shape)
         if raw_contents:
-            tensors.append(decode_tensor(entry.name, entry.datatype, shape, None, raw_contents[index]))
-            continue
-        field = _CONTENTS.get(entry.datatype)
-        if field is None:
-            raise InferenceError(400, f"input {entry.name!r}: datatype {entry.datatype} needs raw_input_contents")
-        values = np.asarray(getattr(entry.contents, field))
-        tensors.append(decode_tensor(entry.name, entry.datatype, shape, values, None))
+            tensor, count = decode_tensor(entry.name, entry.datatype, shape, None, raw_contents[index], limits, count)
+        else:
+            field = _CONTENTS.get(entry.datatype)
+            if field is None:
+                raise InferenceError(
+                    400, f"input {entry.name[:64]!r}: datatype {entry.datatype[:64]} needs raw_input_contents"
+                )
+            values = np.asarray(getattr(entry.contents, field))
+            tensor, count = decode_tensor(entry.name, entry.datatype, shape, values, None, limits, count)
+        tensors.append(tensor)
     return tensors
+
+
+class _Authorize(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Refuses a call without the bearer token its scope needs (metadata ``authorization``)."""
+
+    def __init__(self, access: Access) -> None:
+        self._access = access
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
+        metadata = dict(details.invocation_metadata or ())
+        if self._access.allows(grpc_scope(details.method), metadata.get("authorization")):
+            return await continuation(details)
+
+        async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
 
 
 async def start_grpc(plane: DataPlane, address: str) -> grpc.aio.Server:
     """Serve on ``address`` (``host:port``); returns the started server."""
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    limits = plane.limits
+    interceptors = [_Authorize(plane.access)] if plane.access.enabled else []
+    server = grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", limits.max_body_bytes),  # past it: RESOURCE_EXHAUSTED
         ("grpc.max_send_message_length", 256 * 1024 * 1024),
+        ("grpc.max_metadata_size", limits.max_header_bytes),
     ])  # fmt: skip
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
     if server.add_insecure_port(address) == 0:

@@ -14,13 +14,14 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from mainspring.frontend.access import UNAUTHORIZED, http_scope
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
+from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.openapi import openapi_document
 
 log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-MAX_BODY_BYTES = 256 * 1024 * 1024
 PLANE = web.AppKey("plane", DataPlane)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -37,13 +38,24 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             else {"error": error.message, "outcome": error.outcome.value}
         )
         return web.json_response(body, status=error.status)
-    except web.HTTPException as error:  # unknown path, wrong method, body too large
+    except web.HTTPRequestEntityTooLarge:
+        limit = _plane(request).limits.max_body_bytes
+        message = f"request body exceeds the limit of {limit} bytes (max_body_bytes)"
+        return web.json_response({"error": message}, status=413)
+    except web.HTTPException as error:  # unknown path, wrong method
         if error.status < 400:
             raise
         return web.json_response({"error": error.reason}, status=error.status)
     except Exception as error:  # a bug must answer 500, not drop the connection
         log.exception("internal error on %s %s", request.method, request.path)
         return web.json_response({"error": f"internal error: {type(error).__name__}: {error}"}, status=500)
+
+
+@web.middleware
+async def _authorize(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if _plane(request).access.allows(http_scope(request.path), request.headers.get("Authorization")):
+        return await handler(request)
+    return web.json_response({"error": UNAUTHORIZED}, status=401, headers={"WWW-Authenticate": "Bearer"})
 
 
 def _plane(request: web.Request) -> DataPlane:
@@ -118,9 +130,11 @@ async def infer(request: web.Request) -> web.Response:
         raise InferenceError(400, "request body is nested too deeply to be a KServe v2 request") from None
     if not isinstance(document, dict):
         raise InferenceError(400, "request body must be a JSON object")
+    limits = _plane(request).limits
+    limits.check_document(document)
     parameters = _dict(document.get("parameters", {}), "parameters")
-    inputs = _inputs(document.get("inputs"), binary)
-    requested = _requested_outputs(document.get("outputs"))
+    inputs = _inputs(document.get("inputs"), binary, limits)
+    requested = _requested_outputs(document.get("outputs"), limits)
     model = request.match_info["model"]
     served, outputs = await _plane(request).infer(model, _version(request), inputs, list(requested) or None, parameters)
     binary_all = bool(parameters.get("binary_data_output", False))
@@ -163,10 +177,11 @@ def _dict(value: Any, field: str) -> dict[str, Any]:
     return value
 
 
-def _inputs(value: Any, binary: bytes) -> list[Tensor]:
+def _inputs(value: Any, binary: bytes, limits: RequestLimits) -> list[Tensor]:
     if not isinstance(value, list) or not value:
         raise InferenceError(400, "inputs must be a non-empty list")
-    tensors, offset = [], 0
+    limits.check_count("inputs", len(value))
+    tensors, offset, values = [], 0, 0
     for index, entry in enumerate(value):
         entry = _dict(entry, f"inputs[{index}]")
         name = entry.get("name")
@@ -184,18 +199,20 @@ def _inputs(value: Any, binary: bytes) -> list[Tensor]:
             raw, offset = binary[offset : offset + size], offset + size
         elif "data" not in entry:
             raise InferenceError(400, f"input {name!r}: neither data nor binary_data_size is given")
-        tensors.append(decode_tensor(name, datatype, entry.get("shape"), entry.get("data"), raw))
+        tensor, values = decode_tensor(name, datatype, entry.get("shape"), entry.get("data"), raw, limits, values)
+        tensors.append(tensor)
     if offset != len(binary):
         raise InferenceError(400, f"{len(binary) - offset} bytes of binary data belong to no input")
     return tensors
 
 
-def _requested_outputs(value: Any) -> dict[str, bool]:
+def _requested_outputs(value: Any, limits: RequestLimits) -> dict[str, bool]:
     """Requested output names, each with whether it is wanted as binary data."""
     if value is None:
         return {}
     if not isinstance(value, list):
         raise InferenceError(400, "outputs must be a list")
+    limits.check_count("outputs", len(value))
     requested = {}
     for index, entry in enumerate(value):
         entry = _dict(entry, f"outputs[{index}]")
@@ -208,7 +225,7 @@ def _requested_outputs(value: Any) -> dict[str, bool]:
 
 
 def make_app(plane: DataPlane) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[_errors, _authorize], client_max_size=plane.limits.max_body_bytes)
     app[PLANE] = plane
     get, post = web.get, web.post
     model = "/v2/models/{model}"

@@ -23,7 +23,7 @@ from mainspring.models.zoo import architecture, build_model, example_inputs
 def load_module(repo: ModelRepository, model: str, version: int | None = None) -> tuple[ModelConfig, nn.Module]:
     """The model's config and module (eval mode, on the CPU); ``ModelLoadError`` names the file and the reason."""
     config = repo.config(model, version)
-    file = repo.path(model, version) / config.file
+    file = repo.model_file(model, version)
     if not file.is_file():
         raise ModelLoadError(f"model {model!r}: file {file} does not exist")
     try:

@@ -4,11 +4,15 @@
 shapes with -1 for the batch dimension), the supported batch sizes and the runtime.
 ``profile.json`` beside it (written by ``mainspring profile``) holds measured profiles,
 one per device kind, in the format the simulator reads.
+
+Names come from clients (the repository API), so a model name is one plain path component
+and nothing it names may lead outside the repository, through ``..`` or a symbolic link.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import msgspec
@@ -19,6 +23,7 @@ from mainspring.protocol.tensors import TensorSpec
 CONFIG_FILE = "config.json"
 PROFILE_FILE = "profile.json"
 FORMATS = ("torch_export", "torchscript", "safetensors")
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class ModelLoadError(ValueError):
@@ -52,6 +57,10 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"batch_sizes {list(self.batch_sizes)} must be increasing without repeats")
         if self.format == "safetensors" and not self.architecture:
             raise ValueError("format 'safetensors' needs an 'architecture' (a zoo model name)")
+        if not MODEL_NAME.fullmatch(self.name):
+            raise ValueError(f"name {self.name!r} must be letters, digits, '_', '.' or '-' (at most 128)")
+        if Path(self.file).name != self.file or self.file in ("", ".", ".."):
+            raise ValueError(f"file {self.file!r} must be a file name in the version folder, not a path")
         if self.slo_ms is not None and not self.slo_ms > 0:
             raise ValueError(f"slo_ms must be positive, got {self.slo_ms}")
         for spec in (*self.inputs, *self.outputs):
@@ -72,13 +81,17 @@ class ModelRepository:
             raise ModelLoadError(f"model repository {self.root} is not a folder")
 
     def models(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and self.versions(p.name))
+        return sorted(p.name for p in self.root.iterdir() if self._inside(p) and self.versions(p.name))
 
     def versions(self, model: str) -> list[int]:
-        folder = self.root / model
+        folder = self._folder(model)
         if not folder.is_dir():
             return []
-        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / CONFIG_FILE).is_file())
+        return sorted(
+            int(p.name)
+            for p in folder.iterdir()
+            if p.name.isdigit() and self._inside(p) and (p / CONFIG_FILE).is_file()
+        )
 
     def latest_version(self, model: str) -> int:
         versions = self.versions(model)
@@ -87,7 +100,22 @@ class ModelRepository:
         return versions[-1]
 
     def path(self, model: str, version: int | None = None) -> Path:
-        return self.root / model / str(self.latest_version(model) if version is None else version)
+        folder = self._folder(model) / str(self.latest_version(model) if version is None else version)
+        if not self._inside(folder):
+            raise ModelLoadError(f"model {model!r}: {folder} leads outside the repository")
+        return folder
+
+    def _folder(self, model: str) -> Path:
+        if not MODEL_NAME.fullmatch(model):
+            raise ModelLoadError(f"model name {model!r} is not a plain name (letters, digits, '_', '.', '-')")
+        folder = self.root / model
+        if not self._inside(folder):
+            raise ModelLoadError(f"model {model!r}: {folder} leads outside the repository")
+        return folder
+
+    def _inside(self, path: Path) -> bool:
+        """``path`` (a plain name below the root) stays inside the repository once links are followed."""
+        return MODEL_NAME.fullmatch(path.name) is not None and path.resolve().is_relative_to(self.root.resolve())
 
     def config(self, model: str, version: int | None = None) -> ModelConfig:
         file = self.path(model, version) / CONFIG_FILE
@@ -102,7 +130,11 @@ class ModelRepository:
         return config
 
     def model_file(self, model: str, version: int | None = None) -> Path:
-        return self.path(model, version) / self.config(model, version).file
+        """The model's file; ``ModelLoadError`` if it is a link that leads outside the repository."""
+        file = self.path(model, version) / self.config(model, version).file
+        if not file.resolve().is_relative_to(self.root.resolve()):
+            raise ModelLoadError(f"model {model!r}: {file} leads outside the repository")
+        return file
 
     def write(self, config: ModelConfig, version: int = 1) -> Path:
         """Create the version folder and its ``config.json``; returns the folder (the model file goes there)."""

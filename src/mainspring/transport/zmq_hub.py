@@ -35,6 +35,7 @@ from mainspring.transport.messages import (
     encode,
     metas_of,
 )
+from mainspring.transport.security import secure_controller
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class WorkerHub:
         heartbeat_s: float = 0.1,
         timeout_s: float = 2.0,
         clock: Clock | None = None,
+        secret: str = "",
     ) -> None:
         self.address = address
         self._events = events
@@ -85,6 +87,7 @@ class WorkerHub:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown or gone peer raises instead of dropping
+        self._authenticator = secure_controller(self._context, self._socket, secret) if secret else None
         self._workers: dict[bytes, RemoteWorker] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -109,6 +112,8 @@ class WorkerHub:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._socket.close()
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self._context.term()
 
     def send(self, worker: RemoteWorker, message: Message, samples: list[Any] | None = None) -> None:

@@ -39,6 +39,7 @@ from mainspring.transport.messages import (
     encode,
     metas_of,
 )
+from mainspring.transport.security import secure_worker
 from mainspring.worker.api import Worker, model_info
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,10 @@ class WorkerConnection:
         make_worker: Callable[[Callable[[ActionResult], None]], Worker],
         name: str | None = None,
         clock: Clock | None = None,
+        secret: str = "",
     ) -> None:
         self.address = address
+        self._secret = secret
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self._clock = clock or WallClock()
         self._outgoing: queue.SimpleQueue[Outgoing] = queue.SimpleQueue()
@@ -95,6 +98,8 @@ class WorkerConnection:
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt_string(zmq.IDENTITY, self.name)
+        if self._secret:
+            secure_worker(sock, self._secret)
         sock.connect(self.address)
         sock.send_multipart(encode(self._hello()))
         poller = zmq.Poller()

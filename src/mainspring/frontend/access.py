@@ -1,0 +1,59 @@
+"""Who may call what: an optional bearer token, compared in constant time.
+
+Health stays open (orchestrators probe it without credentials). With a token set, the
+repository API (loading and unloading models changes what the server runs) needs it; with
+``protect_inference`` too, so does everything else: inference, metadata, statistics, metrics.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+
+
+class Scope(enum.Enum):
+    HEALTH = "health"
+    REPOSITORY = "repository"
+    INFERENCE = "inference"  # and metadata, statistics, metrics
+
+
+UNAUTHORIZED = "missing or wrong bearer token (set by auth_token; send 'Authorization: Bearer <token>')"
+
+
+class Access:
+    def __init__(self, token: str = "", protect_inference: bool = False) -> None:
+        if protect_inference and not token:
+            raise ValueError("auth_inference needs auth_token to be set")
+        self._expected = f"Bearer {token}".encode() if token else None
+        self._protect_inference = protect_inference
+
+    @property
+    def enabled(self) -> bool:
+        return self._expected is not None
+
+    def allows(self, scope: Scope, authorization: str | None) -> bool:
+        """Whether a call in ``scope`` carrying this ``Authorization`` value may proceed."""
+        if self._expected is None or scope is Scope.HEALTH:
+            return True
+        if scope is Scope.INFERENCE and not self._protect_inference:
+            return True
+        given = (authorization or "").encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(given, self._expected)
+
+
+def http_scope(path: str) -> Scope:
+    if path.startswith("/v2/health/"):
+        return Scope.HEALTH
+    if path.startswith("/v2/repository/"):
+        return Scope.REPOSITORY
+    return Scope.INFERENCE
+
+
+def grpc_scope(method: str) -> Scope:
+    """``method`` is the full name, ``/inference.GRPCInferenceService/ModelInfer``."""
+    name = method.rsplit("/", 1)[-1]
+    if name in ("ServerLive", "ServerReady", "ModelReady"):
+        return Scope.HEALTH
+    if name.startswith("Repository"):
+        return Scope.REPOSITORY
+    return Scope.INFERENCE

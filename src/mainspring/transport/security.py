@@ -1,0 +1,63 @@
+"""An authenticated, encrypted controller-worker channel from one shared secret (ZeroMQ CURVE).
+
+Both ends derive CURVE key pairs from the secret: the controller's pair, which a worker needs
+to reach it, and the workers' pair, which the controller's ZAP handler accepts and nothing
+else. A process without the secret cannot complete the handshake, so it cannot join as a
+worker nor read actions and tensors off the wire. Without a secret the channel is plain TCP
+(fine on loopback and on a private network; the controller warns otherwise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
+from zmq.utils import z85
+
+log = logging.getLogger(__name__)
+
+SECRET_ENV = "MAINSPRING_WORKER_SECRET"
+
+
+def curve_pair(secret: str, role: str) -> tuple[bytes, bytes]:
+    """(public, secret) Z85 keys of ``role`` ("controller" or "worker") for this shared secret."""
+    seed = hashlib.sha256(f"mainspring-curve-v1 {role} {secret}".encode()).digest()
+    secret_key = z85.encode(seed)
+    return zmq.curve_public(secret_key), secret_key
+
+
+class _WorkersOnly:
+    """ZAP credentials check: only the workers' public key may connect."""
+
+    def __init__(self, worker_public: bytes) -> None:
+        self._worker_public = worker_public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key != self._worker_public:
+            log.warning("refused a worker connection with a key not derived from the shared secret")
+            return False
+        return True
+
+
+def secure_controller(context: zmq.asyncio.Context, socket: zmq.asyncio.Socket, secret: str) -> AsyncioAuthenticator:
+    """Make ``socket`` (before bind) a CURVE server that admits only holders of ``secret``;
+    returns the running authenticator (stop it when the socket closes)."""
+    authenticator = AsyncioAuthenticator(context)
+    authenticator.start()
+    authenticator.configure_curve_callback("*", _WorkersOnly(curve_pair(secret, "worker")[0]))
+    _, server_secret = curve_pair(secret, "controller")
+    socket.curve_secretkey = server_secret
+    socket.curve_server = True
+    return authenticator
+
+
+def secure_worker(socket: zmq.Socket[Any], secret: str) -> None:
+    """Make ``socket`` (before connect) a CURVE client of the controller that holds ``secret``."""
+    public, private = curve_pair(secret, "worker")
+    socket.curve_serverkey = curve_pair(secret, "controller")[0]
+    socket.curve_publickey = public
+    socket.curve_secretkey = private

@@ -98,3 +98,35 @@ def test_tensor_specs_check_one_sample() -> None:
         spec.check_sample(np.zeros((1, 3, 7), np.int64), "x")
     with pytest.raises(ValueError, match="unknown datatype 'FLOAT'"):
         TensorSpec("y", "FLOAT", (-1,))
+
+
+@pytest.mark.parametrize("name", ["..", "../m", "m/1", "/etc", ".hidden", "", "a" * 129, "m\x00"])
+def test_a_name_is_one_plain_path_component(tmp_path: Path, name: str) -> None:
+    repo = ModelRepository(tmp_path)
+    with pytest.raises(ModelLoadError, match="not a plain name"):
+        repo.config(name)
+
+
+def test_nothing_a_link_names_outside_the_repository_is_listed_or_read(tmp_path: Path) -> None:
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "repo").mkdir()
+    outside = ModelRepository(tmp_path / "outside")
+    outside.write(config("escape"))
+    outside.write(config("m"))
+    repo = ModelRepository(tmp_path / "repo")
+    repo.write(config("m"))
+    (repo.root / "escape").symlink_to(outside.root / "escape")  # a model folder that leads out
+    (repo.root / "m" / "2").symlink_to(outside.root / "m" / "1")  # a version folder that leads out
+    assert repo.models() == ["m"] and repo.versions("m") == [1]
+    with pytest.raises(ModelLoadError, match="outside the repository"):
+        repo.config("escape")
+    (outside.root / "m" / "1" / "model.pt2").write_bytes(b"secret")
+    (repo.root / "m" / "1" / "model.pt2").symlink_to(outside.root / "m" / "1" / "model.pt2")
+    with pytest.raises(ModelLoadError, match="outside the repository"):
+        repo.model_file("m")
+
+
+@pytest.mark.parametrize("file", ["../model.pt2", "/etc/passwd", "sub/model.pt2", ".."])
+def test_the_model_file_is_a_name_in_the_version_folder(file: str) -> None:
+    with pytest.raises(ValueError, match="not a path"):
+        config(file=file)

@@ -22,7 +22,9 @@ def _ok(description: str, schema: str | None = None) -> dict[str, Any]:
 def _op(
     summary: str, ok: dict[str, Any], *errors: int, body: str | None = None, path_params: int = 0
 ) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": summary, "responses": {"200": ok, **{str(e): _ERROR for e in errors}}}
+    # 401: with auth_token set (the repository API; everything but health with auth_inference)
+    responses = {"200": ok, **{str(e): _ERROR for e in (*errors, 401)}}
+    op: dict[str, Any] = {"summary": summary, "responses": responses}
     op["parameters"] = [_MODEL, _VERSION][:path_params]
     if body:
         op["requestBody"] = {"required": True, "content": {
@@ -54,7 +56,8 @@ def _paths() -> dict[str, Any]:
         paths[f"{prefix}/stats"] = {"get": _op("model statistics", _ok("statistics"), 404, path_params=params)}
         paths[f"{prefix}/infer"] = {"post": _op(
             "inference; SLO from parameters slo_ms or timeout (us), else the model's or the server's default",
-            _ok("outputs", "InferResponse"), 400, 404, 429, 500, 503, 504, body="InferRequest", path_params=params,
+            _ok("outputs", "InferResponse"), 400, 404, 413, 429, 500, 503, 504, body="InferRequest",
+            path_params=params,
         )}  # fmt: skip
     return paths
 

@@ -95,8 +95,22 @@ def encode(message: Message, samples: Sequence[Sample | None] | None = None) -> 
     return frames
 
 
+class CodecError(ValueError):
+    """Frames that are not a message of this protocol (the receiver logs and drops them)."""
+
+
 def decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[dict[str, np.ndarray[Any, Any]]] | None]:
-    """The message and, if it carries tensors, one dict per request (writable copies)."""
+    """The message and, if it carries tensors, one dict per request (writable copies);
+    ``CodecError`` for anything else, whatever the bytes."""
+    try:
+        return _decode(frames)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError) as error:
+        raise CodecError(f"malformed message: {error}") from None
+
+
+def _decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[dict[str, np.ndarray[Any, Any]]] | None]:
+    if not frames:
+        raise ValueError("no frames")
     message = _decoder.decode(frames[0])
     metas = message.inputs if isinstance(message, Act) else message.outputs if isinstance(message, Result) else None
     if metas is None:

@@ -28,6 +28,7 @@ from mainspring.time import Clock, WallClock
 from mainspring.transport.messages import (
     Act,
     Bye,
+    CodecError,
     Hello,
     Message,
     ModelOp,
@@ -150,7 +151,11 @@ class WorkerConnection:
         return Hello(self.name, list(self.worker.devices), models, dict(self.worker.load_errors))
 
     def _handle(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
-        message, samples = decode(frames)
+        try:
+            message, samples = decode(frames)
+        except CodecError as error:  # the controller speaks another version, or a bug: drop it, keep serving
+            log.warning("dropped a message from the controller: %s", error)
+            return True
         if isinstance(message, Act):
             self.worker.submit(message.action, samples)
         elif isinstance(message, Ping):

@@ -1,0 +1,102 @@
+"""Whatever a client sends, the request decoders answer a tensor or a 400 naming the problem:
+never another exception (which would be a 500), never an allocation past the limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from mainspring.frontend.dataplane import InferenceError, decode_tensor
+from mainspring.frontend.http import _inputs, _requested_outputs
+from mainspring.frontend.limits import RequestLimits
+from mainspring.protocol.tensors import DATATYPES
+
+LIMITS = RequestLimits(max_elements=10_000, max_string_bytes=64, max_json_depth=8)
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+json_values = st.recursive(
+    scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=25,
+)
+shapes = st.lists(st.integers(-2, 6) | st.sampled_from([10**6, 10**12, 2**63]), max_size=4)
+datatypes = st.sampled_from([*DATATYPES, "BYTES", "fp32", ""]) | st.text(max_size=6)
+input_entries = st.fixed_dictionaries(
+    {"name": st.text(max_size=8) | st.integers(), "datatype": datatypes, "shape": shapes | json_values},
+    optional={
+        "data": json_values | st.lists(st.floats() | st.integers(), max_size=40),
+        "parameters": st.fixed_dictionaries({}, optional={"binary_data_size": st.integers(-4, 64) | json_values})
+        | json_values,
+    },
+)
+
+
+def refused_with_400(error: InferenceError) -> None:
+    assert error.status == 400 and error.message
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=st.lists(input_entries, max_size=3) | json_values, binary=st.binary(max_size=64))
+@example(value=[{"name": "x", "datatype": "FP32", "shape": [10**12]}], binary=b"")  # a trillion values, no data
+@example(value=[{"name": "x", "datatype": "FP32", "shape": [2], "data": [[[[1.0]]], [[[2.0]]]]}], binary=b"")
+@example(value=[{"name": "x", "datatype": "INT8", "shape": [1], "data": [1e300]}], binary=b"")
+def test_any_inputs_decode_to_tensors_of_their_shape_or_a_400(value: Any, binary: bytes) -> None:
+    try:
+        tensors = _inputs(value, binary, LIMITS)
+    except InferenceError as error:
+        refused_with_400(error)
+        return
+    for tensor in tensors:
+        assert list(tensor.data.shape) == tensor.shape and tensor.data.dtype == DATATYPES[tensor.datatype]
+    assert sum(t.data.size for t in tensors) <= LIMITS.max_elements
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=json_values)
+def test_any_outputs_value_is_read_or_refused(value: Any) -> None:
+    try:
+        requested = _requested_outputs(value, LIMITS)
+    except InferenceError as error:
+        refused_with_400(error)
+        return
+    assert all(isinstance(name, str) for name in requested)
+
+
+@settings(max_examples=300, deadline=None)
+@given(document=json_values)
+def test_any_document_passes_or_is_refused_for_depth_or_length(document: Any) -> None:
+    try:
+        LIMITS.check_document(document)
+    except InferenceError as error:
+        refused_with_400(error)
+        assert "max_json_depth" in error.message or "max_string_bytes" in error.message
+
+
+def nested(levels: int) -> Any:
+    """``levels`` lists, one inside the other."""
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_depth_limit_counts_levels_and_skips_tensor_data() -> None:
+    LIMITS.check_document(nested(8))
+    with pytest.raises(InferenceError, match="max_json_depth"):
+        LIMITS.check_document(nested(9))
+    # Tensor data is numbers checked against the shape, not walked here.
+    LIMITS.check_document({"inputs": [{"name": "x", "data": nested(40)}]})
+    with pytest.raises(InferenceError, match="max_string_bytes"):
+        LIMITS.check_document({"id": "x" * 65})
+
+
+def test_a_huge_shape_is_refused_before_anything_is_allocated() -> None:
+    with pytest.raises(InferenceError, match="max_elements") as refused:
+        decode_tensor("x", "FP32", [10**9, 10**9], None, b"", LIMITS)
+    assert refused.value.status == 400
+    tensor, count = decode_tensor("x", "FP32", [2, 3], list(range(6)), None, LIMITS)
+    assert count == 6 and np.array_equal(tensor.data, np.arange(6, dtype=np.float32).reshape(2, 3))

@@ -1,0 +1,51 @@
+"""With a worker secret, only a worker that holds it can join (ZeroMQ CURVE, real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from mainspring.models.repository import ModelRepository
+from mainspring.transport.zmq_hub import WorkerHub
+from mainspring.worker.pages import MIB
+from mainspring.worker.process import WorkerConnection
+from mainspring.worker.torch_worker import TorchWorker
+from tests.transport.test_transport import Events
+
+
+async def joins(small_zoo: ModelRepository, hub_secret: str, worker_secret: str, wait_s: float) -> bool:
+    events = Events()
+    events.joined = asyncio.get_running_loop().create_future()
+    hub = WorkerHub("tcp://127.0.0.1:0", events, heartbeat_s=0.05, secret=hub_secret)
+    await hub.start()
+    connection = WorkerConnection(
+        hub.endpoint,
+        lambda sink: TorchWorker(small_zoo, sink, models=["mlp"], pool_bytes=64 * MIB),
+        name=f"worker-{worker_secret or 'none'}",
+        secret=worker_secret,
+    )
+    thread = threading.Thread(target=connection.serve, daemon=True)
+    thread.start()
+    try:
+        await asyncio.wait_for(events.joined, wait_s)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        connection.stop()
+        await asyncio.to_thread(thread.join, 10)
+        await hub.close()
+
+
+@pytest.mark.parametrize(
+    ("hub_secret", "worker_secret", "joined"),
+    [("s3cret", "s3cret", True), ("s3cret", "guess", False), ("s3cret", "", False), ("", "", True)],
+    ids=["same-secret", "wrong-secret", "no-secret", "plain"],
+)
+def test_only_a_worker_with_the_secret_joins(
+    small_zoo: ModelRepository, hub_secret: str, worker_secret: str, joined: bool
+) -> None:
+    # A refused handshake is silent for the worker (ZeroMQ retries); 3 s is 60 heartbeats of the hub.
+    assert asyncio.run(joins(small_zoo, hub_secret, worker_secret, 30.0 if joined else 3.0)) is joined

@@ -231,11 +231,7 @@ class Server:
                 log.warning("listening on %s without worker_secret: anyone who reaches port %d can join as a worker",
                             config.host, config.worker_port)  # fmt: skip
         # Requests were answered by the drain; idle connections must not hold the shutdown for aiohttp's 60 s.
-        header = config.max_header_bytes
-        self._runner = web.AppRunner(
-            make_app(plane), access_log=None, shutdown_timeout=1.0,
-            handler_args={"max_line_size": header, "max_field_size": header},
-        )  # fmt: skip
+        self._runner = web.AppRunner(make_app(plane), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, config.host, config.http_port).start()
         from mainspring.frontend.grpc import start_grpc

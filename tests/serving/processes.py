@@ -23,7 +23,9 @@ def free_port() -> int:
 class ServerProcess:
     """``mainspring serve`` in a child process on free ports; its log goes to a file."""
 
-    def __init__(self, repo: Path, log: Path, *args: str, worker_port: int | None = None) -> None:
+    def __init__(
+        self, repo: Path, log: Path, *args: str, worker_port: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.http_port, self.grpc_port, self.worker_port = free_port(), free_port(), worker_port or free_port()
         self.log = log
         command = [
@@ -31,9 +33,9 @@ class ServerProcess:
             "--pool-mib", "256", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
             "--worker-port", str(self.worker_port), *args,
         ]  # fmt: skip
-        env = {**os.environ, "MAINSPRING_WORKER_TIMEOUT_S": "1.0"}
+        environment = {**os.environ, "MAINSPRING_WORKER_TIMEOUT_S": "1.0", **(env or {})}
         self._log_file = log.open("wb")
-        self.process = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
+        self.process = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT, env=environment)
 
     @property
     def http(self) -> str:
@@ -79,11 +81,13 @@ def child_pids(pid: int) -> list[int]:
     return [int(child) for child in children]
 
 
-def start_worker(address: str, repo: Path, name: str, log: Path, pool_mib: int = 256) -> subprocess.Popen[bytes]:
+def start_worker(
+    address: str, repo: Path, name: str, log: Path, pool_mib: int = 256, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "mainspring.cli", "worker", "--controller", address, "--repo", str(repo),
                "--pool-mib", str(pool_mib), "--name", name]  # fmt: skip
     with log.open("wb") as output:  # the child keeps its own descriptor
-        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
 
 def http_call(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:

@@ -225,7 +225,9 @@ def _requested_outputs(value: Any, limits: RequestLimits) -> dict[str, bool]:
 
 
 def make_app(plane: DataPlane) -> web.Application:
-    app = web.Application(middlewares=[_errors, _authorize], client_max_size=plane.limits.max_body_bytes)
+    limits = plane.limits
+    header = {"max_line_size": limits.max_header_bytes, "max_field_size": limits.max_header_bytes}
+    app = web.Application(middlewares=[_errors, _authorize], client_max_size=limits.max_body_bytes, handler_args=header)
     app[PLANE] = plane
     get, post = web.get, web.post
     model = "/v2/models/{model}"

@@ -36,12 +36,26 @@ def _op(
     return op
 
 
+def _probe(summary: str, failed: str, path_params: int = 0) -> dict[str, Any]:
+    """A readiness or liveness probe: the status is the answer, neither has a body (as Triton's)."""
+    status = "400" if path_params else "503"
+    responses: dict[str, Any] = {"200": {"description": summary}, status: {"description": failed}}
+    if path_params:
+        responses["401"] = _ERROR
+    return {"summary": summary, "responses": responses, "parameters": [_MODEL, _VERSION][:path_params]}
+
+
 def _paths() -> dict[str, Any]:
     paths: dict[str, Any] = {
-        "/v2/health/live": {"get": _op("server is live", _ok("live"), 503)},
-        "/v2/health/ready": {"get": _op("server is ready (a worker is connected)", _ok("ready"), 503)},
+        "/v2/health/live": {"get": _probe("server is live", "not live")},
+        "/v2/health/ready": {"get": _probe("server is ready (a worker is connected)", "not ready")},
         "/v2": {"get": _op("server metadata", _ok("metadata", "ServerMetadata"))},
-        "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}},
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {"200": {"description": "text format"}, "401": _ERROR},
+            }
+        },
         "/v2/repository/index": {"post": _op("models in the repository and their state", _ok("index", "Index"))},
         "/v2/repository/models/{model}/load": {
             "post": _op("load a model", _ok("loaded"), 400, 404, 503, path_params=1)
@@ -51,7 +65,7 @@ def _paths() -> dict[str, Any]:
     }
     for prefix, params in (("/v2/models/{model}", 1), ("/v2/models/{model}/versions/{version}", 2)):
         paths[prefix] = {"get": _op("model metadata", _ok("metadata", "ModelMetadata"), 404, path_params=params)}
-        paths[f"{prefix}/ready"] = {"get": _op("model is ready", _ok("ready"), 400, path_params=params)}
+        paths[f"{prefix}/ready"] = {"get": _probe("model is ready", "not ready or unknown", params)}
         paths[f"{prefix}/config"] = {"get": _op("model configuration", _ok("config"), 404, path_params=params)}
         paths[f"{prefix}/stats"] = {"get": _op("model statistics", _ok("statistics"), 404, path_params=params)}
         paths[f"{prefix}/infer"] = {"post": _op(

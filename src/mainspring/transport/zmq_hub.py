@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 
 from mainspring.protocol import Action, ActionResult, Timing
 from mainspring.time import Clock, WallClock, s_to_ns
@@ -87,7 +88,8 @@ class WorkerHub:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown or gone peer raises instead of dropping
-        self._authenticator = secure_controller(self._context, self._socket, secret) if secret else None
+        self._secret = secret
+        self._authenticator: AsyncioAuthenticator | None = None
         self._workers: dict[bytes, RemoteWorker] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -98,6 +100,8 @@ class WorkerHub:
         return value.decode() if isinstance(value, bytes) else str(value)
 
     async def start(self) -> None:
+        if self._secret:  # the authenticator runs on this loop, so it starts here and not in __init__
+            self._authenticator = secure_controller(self._context, self._socket, self._secret)
         self._socket.bind(self.address)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._heartbeat())]
         log.info("waiting for workers on %s", self.endpoint)

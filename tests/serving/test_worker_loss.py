@@ -7,8 +7,10 @@ import collections
 import json
 import shutil
 import signal
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,53 +53,92 @@ def wait_for(condition: object, timeout_s: float = 60.0) -> None:
     raise AssertionError("condition not met in time")
 
 
-def test_killing_a_worker_mid_flight_loses_no_request(small_zoo: ModelRepository, tmp_path: Path) -> None:
+def under_load(server: ServerProcess, fault: Callable[[], None], settle_s: float) -> list[int]:
+    """Six clients (two per model) send requests back to back; ``fault`` runs 1.5 s in; the clients
+    stop ``settle_s`` later. Returns every status, asserting none was lost (a dropped connection)."""
+    answers: list[int] = []
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def client(model: str) -> None:
+        while not stop.is_set():
+            try:
+                answers.append(http_call(f"http://{server.http}/v2/models/{model}/infer", body(model))[0])
+            except BaseException as error:  # a dropped connection would be a lost request
+                failures.append(error)
+
+    threads = [threading.Thread(target=client, args=(m,)) for m in ("resnet18", "bert_tiny", "mlp") * 2]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    fault()
+    before = len(answers)
+    time.sleep(settle_s)
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+    assert not failures, failures
+    counts = sorted(collections.Counter(answers).items())
+    print(f"answers: {len(answers)}, {before} before the fault; statuses {counts}")
+    assert before > 0 and len(answers) > before
+    assert set(answers) <= {200, 500, 503, 504}, counts  # a result or an error with a reason; never -1 (server down)
+    return answers
+
+
+def two_workers(tmp_path: Path, small_zoo: ModelRepository) -> tuple[ServerProcess, list[subprocess.Popen[bytes]]]:
     shutil.copytree(small_zoo.root, tmp_path / "repo")
     server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--workers", "tcp", "--slo-ms", "5000")
-    workers = []
+    server.wait_ready(path="/v2/health/live")
+    # Four pages each: resnet18 (3) and bert_tiny (2) evict each other, so loads are always in flight.
+    workers = [start_worker(server.worker_address, tmp_path / "repo", f"w{i}", tmp_path / f"w{i}.log", 64)
+               for i in range(2)]  # fmt: skip
+    wait_for(lambda: workers_connected(server) == 2)
+    return server, workers
+
+
+def everything_served_and_answered_once(server: ServerProcess, log: Path) -> None:
+    for model in BODIES:
+        status, reply = http_call(f"http://{server.http}/v2/models/{model}/infer", body(model))
+        assert status == 200, reply
+    text = log.read_text()
+    assert "worker w0 lost" in text and "Traceback" not in text and "answered twice" not in text
+
+
+def test_killing_a_worker_mid_flight_loses_no_request(small_zoo: ModelRepository, tmp_path: Path) -> None:
+    server, workers = two_workers(tmp_path, small_zoo)
     try:
-        server.wait_ready(path="/v2/health/live")
-        # Four pages each: resnet18 (3) and bert_tiny (2) evict each other, so loads are always in flight.
-        workers = [start_worker(server.worker_address, tmp_path / "repo", f"w{i}", tmp_path / f"w{i}.log", 64)
-                   for i in range(2)]  # fmt: skip
-        wait_for(lambda: workers_connected(server) == 2)
-        answers: list[tuple[str, int]] = []
-        failures: list[BaseException] = []
-        stop = threading.Event()
-
-        def client(model: str) -> None:
-            while not stop.is_set():
-                try:
-                    status, _ = http_call(f"http://{server.http}/v2/models/{model}/infer", body(model))
-                    answers.append((model, status))
-                except BaseException as error:  # a dropped connection would be a lost request
-                    failures.append(error)
-
-        threads = [threading.Thread(target=client, args=(m,)) for m in ("resnet18", "bert_tiny", "mlp") * 2]
-        for thread in threads:
-            thread.start()
-        time.sleep(1.5)
-        workers[0].send_signal(signal.SIGKILL)
-        killed_at = len(answers)
-        time.sleep(2.5)  # the controller notices at the latest after 1 s of silence
-        stop.set()
-        for thread in threads:
-            thread.join(60)
-        assert not failures, failures
-        counts = sorted(collections.Counter(s for _, s in answers).items())
-        print(f"answers: {len(answers)}, {killed_at} before the kill; statuses {counts}")
-        assert killed_at > 0 and len(answers) > killed_at
-        statuses = {status for _, status in answers}
-        assert statuses <= {200, 500, 503, 504}, statuses  # a result or an error with a reason; never -1 (server down)
+        # The controller notices at the latest after 1 s of silence.
+        under_load(server, lambda: workers[0].send_signal(signal.SIGKILL), settle_s=2.5)
         assert workers_connected(server) == 1
         loads = completed_loads(server)
         print(f"loads completed: {loads}")
         assert loads > 2 * len(BODIES), "the models did not evict each other: no loads in flight"
-        for model in BODIES:  # everything is served by the remaining worker
-            status, reply = http_call(f"http://{server.http}/v2/models/{model}/infer", body(model))
-            assert status == 200, reply
-        log = (tmp_path / "server.log").read_text()
-        assert "worker w0 lost" in log and "Traceback" not in log and "answered twice" not in log
+        everything_served_and_answered_once(server, tmp_path / "server.log")  # by the remaining worker
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+        assert server.stop() == 0
+
+
+def test_a_worker_frozen_past_the_heartbeat_timeout_rejoins(small_zoo: ModelRepository, tmp_path: Path) -> None:
+    """SIGSTOP for twice the timeout: its requests are requeued or answered meanwhile; after SIGCONT the
+    results it still sends for them are dropped (never a second answer) and it joins again."""
+    server, workers = two_workers(tmp_path, small_zoo)
+    try:
+
+        def freeze() -> None:
+            workers[0].send_signal(signal.SIGSTOP)
+            time.sleep(2.0)
+            workers[0].send_signal(signal.SIGCONT)
+
+        under_load(server, freeze, settle_s=1.0)
+        began = time.monotonic()
+        wait_for(lambda: workers_connected(server) == 2, 60)  # it notices the silence and starts over
+        print(f"rejoined {time.monotonic() - began:.1f} s after the load stopped")
+        assert workers[0].poll() is None
+        everything_served_and_answered_once(server, tmp_path / "server.log")
+        assert "starting over to join the next one" in (tmp_path / "w0.log").read_text()
     finally:
         for worker in workers:
             worker.kill()

@@ -104,3 +104,25 @@ def test_a_worker_whose_action_never_reports_is_dropped_and_every_request_answer
             handle.close("test over")
 
     asyncio.run(scenario())
+
+
+def test_unloading_a_model_finishes_its_admitted_requests_first() -> None:
+    async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
+        one = tensor(np.ones((1, 3), np.float32))
+        admitted = [asyncio.create_task(plane.infer("a", None, [one], None, {})) for _ in range(40)]
+        await asyncio.sleep(0)  # every one submitted, none answered yet
+        assert service.controller.outstanding == 40
+        unloading = asyncio.create_task(plane.unload("a"))
+        await asyncio.sleep(0)
+        with pytest.raises(InferenceError, match="being unloaded") as refused:
+            await plane.infer("a", None, [one], None, {})
+        assert refused.value.status == 503
+        for task in admitted:
+            _, outputs = await task  # served, not answered "unloaded"
+            np.testing.assert_array_equal(outputs[0].data, one.data)
+        await unloading
+        assert not plane.model_ready("a") and plane.model_ready("b")
+        with pytest.raises(InferenceError, match="unknown model"):
+            await plane.infer("a", None, [one], None, {})
+
+    with_service(test)

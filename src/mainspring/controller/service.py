@@ -9,6 +9,7 @@ exactly once: a result, an early rejection with the reason, or an error.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import random
@@ -108,6 +109,8 @@ class ControllerService:
         self._request_ids = itertools.count(1)
         self._op_ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Answer]] = {}
+        self._open: collections.Counter[str] = collections.Counter()  # unanswered requests per model
+        self._unloading: set[str] = set()
         self._ops: dict[int, _ModelOp] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.accepting = True
@@ -135,6 +138,8 @@ class ControllerService:
             raise ServiceError("unavailable", "the server is shutting down")
         if model not in self.models:
             raise ServiceError("not_found", f"unknown model {model!r}")
+        if model in self._unloading:
+            raise ServiceError("unavailable", f"model {model!r} is being unloaded")
         slo = slo_ns if slo_ns is not None else self.default_slo_ns
         now = self.clock.now_ns()
         futures = []
@@ -142,14 +147,21 @@ class ControllerService:
             request = Request(next(self._request_ids), model, now, now + slo, slo, sample)
             future: asyncio.Future[Answer] = self.loop.create_future()
             self._futures[request.id] = future
+            self._open[model] += 1
             futures.append(future)
             self.controller.submit(request)
         return list(await asyncio.gather(*futures))
 
     def _answer(self, request: Request, response: Response, output: object) -> None:
         future = self._futures.pop(request.id, None)
-        if future is not None and not future.done():
-            future.set_result((response, output))
+        if future is not None:
+            left = self._open[request.model] - 1
+            if left > 0:
+                self._open[request.model] = left
+            else:
+                del self._open[request.model]
+            if not future.done():
+                future.set_result((response, output))
 
     def _request_wakeup(self, at_ns: int) -> None:
         self.loop.call_at(at_ns / NS_PER_S, self.controller.wake)
@@ -260,8 +272,17 @@ class ControllerService:
         self._update_gauges()
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
-        if model not in self.models:
+        """Refuse new requests for ``model``, let the admitted ones finish (each is answered by its
+        deadline at the latest, so ``timeout_s`` only bounds a bug), then unload it everywhere."""
+        if model not in self.models or model in self._unloading:
             raise ServiceError("not_found", f"model {model!r} is not loaded")
+        self._unloading.add(model)
+        try:
+            deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
+            while self._open[model] and self.clock.now_ns() < deadline:
+                await asyncio.sleep(0.005)
+        finally:
+            self._unloading.discard(model)
         del self.models[model]
         self._membership.remove_model(model, self.clock.now_ns())
         self.controller.pump()  # hand out the answers of its queued requests

@@ -8,8 +8,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mainspring.cli_bench import add_bench, run_bench
 from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
 from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
+from mainspring.cli_workload import CliError, add_workload_arguments, workload_from
 from mainspring.models.profile import ModelProfile, builtin_profiles, load_profiles, model_copies
 from mainspring.scheduler.registry import DEFAULT_POLICY, parse_policies, policy_names
 from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
@@ -17,13 +19,7 @@ from mainspring.telemetry.report import format_table
 from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
 from mainspring.worker.pages import MIB
 from mainspring.worker.runtimes.emulated import NoiseModel
-from mainspring.workload import Arrival, AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, SloSweep, Workload
-
-WORKLOADS = ("azure", "poisson", "bursty", "closed", "slo-sweep")
-
-
-class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
+from mainspring.workload import Arrival, Workload
 
 
 def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,19 +30,7 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument(
         "--profiles", type=Path, help="profile file or profiled model repository (default: Clockwork's V100 profiles)"
     )
-    p.add_argument("--workload", default="azure", help=f"one of {', '.join(WORKLOADS)} (default azure)")
-    p.add_argument("--trace", type=Path, help="Azure Functions trace CSV (default: the bundled sample)")
-    p.add_argument("--trace-scale", type=float, default=1.0, help="multiply trace invocations (default 1)")
-    p.add_argument("--trace-start-minute", type=int, default=0, help="first minute of the trace to replay")
-    p.add_argument("--rate", type=float, default=1000.0, help="requests/s (poisson, slo-sweep; per model for bursty)")
-    p.add_argument("--popularity", default="uniform", help="uniform or zipf (poisson, slo-sweep)")
-    p.add_argument("--clients", type=int, default=16, help="closed loop: clients")
-    p.add_argument("--outstanding", type=int, default=1, help="closed loop: requests in flight per client")
-    p.add_argument("--sweep-growth", type=float, default=1.5, help="slo-sweep: SLO factor growth per step")
-    p.add_argument("--sweep-interval-s", type=float, default=10.0, help="slo-sweep: seconds per step")
-    p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals (default 60)")
-    p.add_argument("--slo-ms", type=float, default=100.0, help="default SLO (default 100 ms)")
-    p.add_argument("--seed", type=int, default=1)
+    add_workload_arguments(p, default="azure", rate=1000.0)
     p.add_argument("--noise", choices=("default", "exact"), default="default", help="duration noise model")
     p.add_argument("--device-memory-gib", type=float, default=32.0, help="weight pool per device (default 32)")
     p.add_argument("--page-mib", type=int, default=16, help="page size (default 16 MiB)")
@@ -64,26 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile(commands)
     add_serve(commands)
     add_worker(commands)
+    add_bench(commands)
     return parser
-
-
-def _workload(args: argparse.Namespace) -> Workload:
-    name = args.workload
-    if name == "azure":
-        if args.trace is not None and not args.trace.is_file():
-            raise CliError(f"trace file {args.trace} does not exist")
-        return AzureTrace(args.trace, args.trace_scale, args.trace_start_minute)
-    if name == "poisson":
-        return PoissonOpenLoop(args.rate, args.popularity)
-    if name == "bursty":
-        return BurstyOnOff(args.rate)
-    if name == "closed":
-        return ClosedLoop(args.clients, args.outstanding)
-    if name == "slo-sweep":
-        return SloSweep(
-            PoissonOpenLoop(args.rate, args.popularity), growth=args.sweep_growth, interval_s=args.sweep_interval_s
-        )
-    raise CliError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
 
 
 def _profiles(args: argparse.Namespace) -> list[ModelProfile]:
@@ -119,7 +85,7 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
 def _run_simulate(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policy)
     config = _config(args)
-    workload = _workload(args)
+    workload = workload_from(args)
     profiles = _profiles(args)
     arrivals = generate_arrivals(workload, profiles, config)
     results: dict[str, SimulationResult] = {}
@@ -165,6 +131,7 @@ _COMMANDS = {
     "profile": run_profile,
     "serve": run_serve,
     "worker": run_worker,
+    "bench": run_bench,
 }
 
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -241,3 +244,17 @@ def test_grpc_typed_contents_and_http_nested_json(server: ServerProcess) -> None
     output = json.loads(body)["outputs"][0]
     assert output["shape"] == [2, 10]
     np.testing.assert_allclose(np.array(output["data"]).reshape(2, 10), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_mainspring_bench_drives_the_server(server: ServerProcess, protocol: str, tmp_path: Path) -> None:
+    url = server.grpc if protocol == "grpc" else server.http
+    command = [sys.executable, "-m", "mainspring.cli", "bench", "--url", url, "--protocol", protocol,
+               "--models", "mlp,resnet18", "--rate", "20", "--duration-s", "2", "--slo-ms", "5000",
+               "--json", str(tmp_path / "report.json"), "--log", str(tmp_path / "requests.tsv"), "--quiet"]  # fmt: skip
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert 20 <= report["requests"] <= 65 and report["slo_attainment"] == 1.0, report
+    assert set(report["by_model"]) == {"mlp", "resnet18"} and "SLO attainment" in finished.stdout
+    assert len((tmp_path / "requests.tsv").read_text().splitlines()) == report["requests"] + 1

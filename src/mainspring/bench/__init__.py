@@ -1,0 +1,1 @@
+"""``mainspring bench``: open-loop load against any KServe v2 server (Mainspring, Triton, ...)."""

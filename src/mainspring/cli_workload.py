@@ -1,0 +1,54 @@
+"""The workload options that ``simulate`` and ``bench`` share, and the workload they describe."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mainspring.workload import AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, SloSweep, Workload
+
+WORKLOADS = ("azure", "poisson", "bursty", "closed", "slo-sweep")
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def add_workload_arguments(p: argparse.ArgumentParser, default: str, rate: float) -> None:
+    p.add_argument("--workload", default=default, help=f"one of {', '.join(WORKLOADS)} (default {default})")
+    p.add_argument("--trace", type=Path, help="Azure Functions trace CSV (default: the bundled sample)")
+    p.add_argument("--trace-scale", type=float, default=1.0, help="multiply trace invocations (default 1)")
+    p.add_argument("--trace-start-minute", type=int, default=0, help="first minute of the trace to replay")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=rate,
+        help=f"requests/s (poisson, slo-sweep; per model for bursty) (default {rate:g})",
+    )
+    p.add_argument("--popularity", default="uniform", help="uniform or zipf (poisson, slo-sweep)")
+    p.add_argument("--clients", type=int, default=16, help="closed loop: clients")
+    p.add_argument("--outstanding", type=int, default=1, help="closed loop: requests in flight per client")
+    p.add_argument("--sweep-growth", type=float, default=1.5, help="slo-sweep: SLO factor growth per step")
+    p.add_argument("--sweep-interval-s", type=float, default=10.0, help="slo-sweep: seconds per step")
+    p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals (default 60)")
+    p.add_argument("--slo-ms", type=float, default=100.0, help="default SLO (default 100 ms)")
+    p.add_argument("--seed", type=int, default=1)
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    name = args.workload
+    if name == "azure":
+        if args.trace is not None and not args.trace.is_file():
+            raise CliError(f"trace file {args.trace} does not exist")
+        return AzureTrace(args.trace, args.trace_scale, args.trace_start_minute)
+    if name == "poisson":
+        return PoissonOpenLoop(args.rate, args.popularity)
+    if name == "bursty":
+        return BurstyOnOff(args.rate)
+    if name == "closed":
+        return ClosedLoop(args.clients, args.outstanding)
+    if name == "slo-sweep":
+        return SloSweep(
+            PoissonOpenLoop(args.rate, args.popularity), growth=args.sweep_growth, interval_s=args.sweep_interval_s
+        )
+    raise CliError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")

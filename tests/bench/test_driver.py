@@ -1,0 +1,99 @@
+"""The bench driver against a real HTTP server on loopback that is slow, refuses, and times out:
+requests leave on schedule regardless of answers, and every answer is counted as what it is."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import random
+from pathlib import Path
+
+from aiohttp import web
+
+from mainspring.bench.driver import DriveResult, drive
+from mainspring.bench.report import build, format_report, write_log
+from mainspring.bench.senders import HttpSender
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import ResponseStatus
+from mainspring.time import NS_PER_MS, NS_PER_S
+from mainspring.workload import ClosedLoop, PoissonOpenLoop, Workload
+
+MODELS = ("fast", "slow", "refused", "expired", "broken")
+METADATA = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]}
+
+
+async def metadata(request: web.Request) -> web.Response:
+    return web.json_response(METADATA)
+
+
+async def infer(request: web.Request) -> web.Response:
+    model = request.match_info["model"]
+    body = await request.read()
+    header_length = int(request.headers["Inference-Header-Content-Length"])
+    assert len(body) == header_length + 16  # one FP32 sample of 4 values, as binary data
+    if model == "slow":
+        await asyncio.sleep(0.3)  # past the 100 ms SLO: a late success
+    if model == "refused":
+        return web.json_response({"error": "too busy", "outcome": "overloaded"}, status=429)
+    if model == "expired":
+        return web.json_response({"error": "waited too long", "outcome": "expired_in_queue"}, status=504)
+    if model == "broken":
+        return web.json_response({"error": "boom"}, status=500)
+    return web.json_response({"model_name": model, "outputs": []})
+
+
+async def run(workload: Workload, duration_s: float, tmp_path: Path) -> DriveResult:
+    app = web.Application()
+    app.add_routes([web.get("/v2/models/{model}", metadata), web.post("/v2/models/{model}/infer", infer)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    sender = HttpSender(f"127.0.0.1:{port}")
+    try:
+        await sender.prepare(MODELS)
+        profiles = [ModelProfile(m, "live", 1, 1, {1: 1}) for m in MODELS]
+        duration = int(duration_s * NS_PER_S)
+        arrivals = workload.arrivals(profiles, duration, random.Random(1))
+        return await drive(arrivals, workload, sender, 100 * NS_PER_MS, duration)
+    finally:
+        await sender.close()
+        await runner.cleanup()
+
+
+def test_requests_leave_on_schedule_and_each_answer_counts_as_what_it_is(tmp_path: Path) -> None:
+    workload = PoissonOpenLoop(200.0)
+    result = asyncio.run(run(workload, 3.0, tmp_path))
+    expected = list(workload.arrivals([ModelProfile(m, "live", 1, 1, {1: 1}) for m in MODELS], 3 * NS_PER_S,
+                                      random.Random(1)))  # fmt: skip
+    rows = sorted(result.sent, key=lambda r: r.index)
+    assert [r.scheduled_ns for r in rows] == [a.time_ns for a in expected] and result.unanswered == 0
+    # Open loop: the slow model's 300 ms answers hold no send back (a generous bound for a busy machine).
+    lags = sorted(r.sent_ns - r.scheduled_ns for r in rows)
+    assert lags[0] >= 0 and lags[len(lags) // 2] < 20 * NS_PER_MS
+    by_model = {m: [r for r in rows if r.model == m] for m in MODELS}
+    assert all(r.good for r in by_model["fast"])
+    assert all(r.status is ResponseStatus.SUCCESS and not r.good for r in by_model["slow"])
+    assert {(r.status, r.reason) for r in by_model["refused"]} == {(ResponseStatus.REJECTED, "overloaded")}
+    assert {(r.status, r.reason) for r in by_model["expired"]} == {(ResponseStatus.TIMED_OUT, "expired_in_queue")}
+    assert {(r.status, r.reason) for r in by_model["broken"]} == {(ResponseStatus.ERROR, "boom")}
+    report = build(result)
+    assert report["requests"] == len(expected) and report["late"] == len(by_model["slow"])
+    assert report["reasons"] == {
+        "overloaded": len(by_model["refused"]), "expired_in_queue": len(by_model["expired"]),
+        "boom": len(by_model["broken"]),
+    }  # fmt: skip
+    assert report["by_model"]["fast"]["slo_attainment"] == 1.0 and "SLO attainment" in format_report(report)
+    write_log(rows, tmp_path / "requests.tsv")
+    with (tmp_path / "requests.tsv").open() as log:
+        logged = list(csv.DictReader(log, delimiter="\t"))
+    assert len(logged) == len(rows) and {row["status"] for row in logged} == {s.value for s in ResponseStatus}
+
+
+def test_a_closed_loop_sends_the_next_request_when_an_answer_comes(tmp_path: Path) -> None:
+    result = asyncio.run(run(ClosedLoop(clients=5), 1.0, tmp_path))
+    per_model = {m: sum(1 for r in result.sent if r.model == m) for m in MODELS}
+    # Each of the 5 clients keeps one request in flight on its own model: the slow one gets about
+    # 1 s / 0.3 s of them, the others many more.
+    assert 3 <= per_model["slow"] <= 5 and per_model["fast"] > 20 and result.unanswered == 0

@@ -67,6 +67,7 @@ class ServeConfig:
     drain_s: float = 5.0
     join_timeout_s: float = 180.0
     max_restarts_per_minute: int = 5  # per local worker
+    max_outstanding: int = 100_000  # unanswered requests; past it 429 (bounds memory under a flood)
     # Security: set the secrets in the config file or the environment, never as flags (``ps`` shows flags).
     auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)
     auth_inference: bool = False  # require the token for inference, metadata, statistics and metrics too
@@ -98,7 +99,7 @@ class ServeConfig:
             self.limits()
         except ValueError as error:
             problems.append(str(error))
-        for positive in ("slo_ms", "heartbeat_s", "worker_timeout_s", "join_timeout_s"):
+        for positive in ("slo_ms", "heartbeat_s", "worker_timeout_s", "join_timeout_s", "max_outstanding"):
             if not getattr(self, positive) > 0:
                 problems.append(f"{positive}={getattr(self, positive)} must be positive")
         if problems:
@@ -200,7 +201,12 @@ class LocalWorker:
 class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
-        self.service = ControllerService(config.policy, config.slo_ms, deadline_margin_ms=config.deadline_margin_ms)
+        self.service = ControllerService(
+            config.policy,
+            config.slo_ms,
+            deadline_margin_ms=config.deadline_margin_ms,
+            max_outstanding=config.max_outstanding,
+        )
         self.repo: ModelRepository | None = None
         self.hub = WorkerHub(
             f"tcp://{config.host}:{config.worker_port}",

@@ -10,16 +10,18 @@ import pytest
 
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor
-from mainspring.protocol import DeviceSpec
+from mainspring.protocol import DeviceSpec, Outcome
 from mainspring.transport.inprocess import InProcessWorker
 from mainspring.worker.api import EmulatedWorker
 from mainspring.worker.runtimes.emulated import NoiseModel
 from tests.fakes import profile
 
 
-def with_service(test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]]) -> None:
+def with_service(
+    test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]], max_outstanding: int = 1000
+) -> None:
     async def scenario() -> None:
-        service = ControllerService(default_slo_ms=500)
+        service = ControllerService(default_slo_ms=500, max_outstanding=max_outstanding)
         profiles = {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in ("a", "b")}
         specs = [DeviceSpec(0, "v100"), DeviceSpec(1, "v100")]
         handle = InProcessWorker(
@@ -126,3 +128,19 @@ def test_unloading_a_model_finishes_its_admitted_requests_first() -> None:
             await plane.infer("a", None, [one], None, {})
 
     with_service(test)
+
+
+def test_past_max_outstanding_requests_are_refused_429_and_the_rest_served() -> None:
+    async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
+        one = tensor(np.ones((1, 3), np.float32))
+        admitted = [asyncio.create_task(plane.infer("a", None, [one], None, {})) for _ in range(8)]
+        await asyncio.sleep(0)
+        with pytest.raises(InferenceError, match="max_outstanding") as refused:
+            await plane.infer("b", None, [tensor(np.ones((2, 3), np.float32))], None, {})
+        assert refused.value.status == 429 and refused.value.outcome is Outcome.OVERLOADED
+        for task in admitted:
+            _, outputs = await task
+            assert outputs[0].data.shape == (1, 3)
+        await plane.infer("b", None, [one], None, {})  # room again once they are answered
+
+    with_service(test, max_outstanding=9)

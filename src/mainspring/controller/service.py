@@ -23,7 +23,7 @@ import numpy as np
 from mainspring.controller.controller import Controller
 from mainspring.models.profile import ModelProfile
 from mainspring.models.repository import ModelConfig
-from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response
+from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
 from mainspring.scheduler.base import Membership
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
 from mainspring.telemetry.metrics import ServingMetrics
@@ -38,7 +38,7 @@ Answer = tuple[Response, Any]
 
 
 class ServiceError(Exception):
-    """A request the service cannot take; ``kind`` is ``unavailable``, ``not_found`` or ``invalid``."""
+    """A request the service cannot take; ``kind`` is ``unavailable``, ``overloaded``, ``not_found`` or ``invalid``."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -86,9 +86,11 @@ class ControllerService:
         seed: int = 0,
         deadline_margin_ms: float = DEFAULT_DEADLINE_MARGIN_MS,
         watchdog_grace_s: float = 10.0,
+        max_outstanding: int = 100_000,
     ) -> None:
         self.clock = WallClock()
         self.watchdog_grace_s = watchdog_grace_s  # beyond an action's window and twice its expected duration
+        self.max_outstanding = max_outstanding  # unanswered requests (samples); bounds memory under any flood
         self.policy_name = policy
         self.default_slo_ns = round(default_slo_ms * 1e6)
         scheduler = make_scheduler(policy, {}, [], random.Random(seed), round(deadline_margin_ms * 1e6))
@@ -140,6 +142,9 @@ class ControllerService:
             raise ServiceError("not_found", f"unknown model {model!r}")
         if model in self._unloading:
             raise ServiceError("unavailable", f"model {model!r} is being unloaded")
+        if len(self._futures) + len(samples) > self.max_outstanding:
+            self.metrics.rejections.labels(Outcome.OVERLOADED.value).inc(len(samples))
+            raise ServiceError("overloaded", f"overloaded: {len(self._futures)} requests outstanding (max_outstanding)")
         slo = slo_ns if slo_ns is not None else self.default_slo_ns
         now = self.clock.now_ns()
         futures = []

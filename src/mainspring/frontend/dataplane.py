@@ -31,7 +31,7 @@ __all__ = ["HTTP_STATUS", "DataPlane", "InferenceError", "Tensor", "decode_tenso
 
 MAX_DIMENSIONS = 32  # numpy's own limit is 64
 
-_SERVICE_STATUS = {"not_found": 404, "invalid": 400, "unavailable": 503}
+_SERVICE_STATUS = {"not_found": 404, "invalid": 400, "unavailable": 503, "overloaded": 429}
 
 
 @dataclass
@@ -173,7 +173,8 @@ class DataPlane:
         try:
             answers = await self.service.infer(name, samples, slo_ns)
         except ServiceError as error:
-            raise InferenceError(_SERVICE_STATUS[error.kind], str(error)) from None
+            outcome = Outcome.OVERLOADED if error.kind == "overloaded" else None
+            raise InferenceError(_SERVICE_STATUS[error.kind], str(error), outcome) from None
         for response, _ in answers:
             if response.outcome is not Outcome.SERVED:
                 raise InferenceError(HTTP_STATUS[response.outcome], response.reason or "failed", response.outcome)

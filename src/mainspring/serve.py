@@ -68,6 +68,7 @@ class ServeConfig:
     join_timeout_s: float = 180.0
     max_restarts_per_minute: int = 5  # per local worker
     max_outstanding: int = 100_000  # unanswered requests; past it 429 (bounds memory under a flood)
+    max_outstanding_mib: int = 2048  # their input tensors; past it 429
     # Security: set the secrets in the config file or the environment, never as flags (``ps`` shows flags).
     auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)
     auth_inference: bool = False  # require the token for inference, metadata, statistics and metrics too
@@ -99,7 +100,14 @@ class ServeConfig:
             self.limits()
         except ValueError as error:
             problems.append(str(error))
-        for positive in ("slo_ms", "heartbeat_s", "worker_timeout_s", "join_timeout_s", "max_outstanding"):
+        for positive in (
+            "slo_ms",
+            "heartbeat_s",
+            "worker_timeout_s",
+            "join_timeout_s",
+            "max_outstanding",
+            "max_outstanding_mib",
+        ):
             if not getattr(self, positive) > 0:
                 problems.append(f"{positive}={getattr(self, positive)} must be positive")
         if problems:
@@ -206,6 +214,7 @@ class Server:
             config.slo_ms,
             deadline_margin_ms=config.deadline_margin_ms,
             max_outstanding=config.max_outstanding,
+            max_outstanding_bytes=config.max_outstanding_mib * 1024 * 1024,
         )
         self.repo: ModelRepository | None = None
         self.hub = WorkerHub(

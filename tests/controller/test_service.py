@@ -18,10 +18,10 @@ from tests.fakes import profile
 
 
 def with_service(
-    test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]], max_outstanding: int = 1000
+    test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]], **limits: int
 ) -> None:
     async def scenario() -> None:
-        service = ControllerService(default_slo_ms=500, max_outstanding=max_outstanding)
+        service = ControllerService(default_slo_ms=500, **limits)
         profiles = {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in ("a", "b")}
         specs = [DeviceSpec(0, "v100"), DeviceSpec(1, "v100")]
         handle = InProcessWorker(
@@ -130,12 +130,18 @@ def test_unloading_a_model_finishes_its_admitted_requests_first() -> None:
     with_service(test)
 
 
-def test_past_max_outstanding_requests_are_refused_429_and_the_rest_served() -> None:
+@pytest.mark.parametrize(
+    ("limits", "setting"),
+    [({"max_outstanding": 9}, "max_outstanding"), ({"max_outstanding_bytes": 100}, "max_outstanding_bytes")],
+)
+def test_past_the_outstanding_limits_requests_are_refused_429_and_the_rest_served(
+    limits: dict[str, int], setting: str
+) -> None:
     async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
-        one = tensor(np.ones((1, 3), np.float32))
+        one = tensor(np.ones((1, 3), np.float32))  # 12 bytes: 8 of them fit in 100
         admitted = [asyncio.create_task(plane.infer("a", None, [one], None, {})) for _ in range(8)]
         await asyncio.sleep(0)
-        with pytest.raises(InferenceError, match="max_outstanding") as refused:
+        with pytest.raises(InferenceError, match=f"\\({setting}\\)") as refused:
             await plane.infer("b", None, [tensor(np.ones((2, 3), np.float32))], None, {})
         assert refused.value.status == 429 and refused.value.outcome is Outcome.OVERLOADED
         for task in admitted:
@@ -143,4 +149,4 @@ def test_past_max_outstanding_requests_are_refused_429_and_the_rest_served() -> 
             assert outputs[0].data.shape == (1, 3)
         await plane.infer("b", None, [one], None, {})  # room again once they are answered
 
-    with_service(test, max_outstanding=9)
+    with_service(test, **limits)

@@ -87,10 +87,15 @@ class ControllerService:
         deadline_margin_ms: float = DEFAULT_DEADLINE_MARGIN_MS,
         watchdog_grace_s: float = 10.0,
         max_outstanding: int = 100_000,
+        max_outstanding_bytes: int = 2 * 1024**3,
     ) -> None:
         self.clock = WallClock()
         self.watchdog_grace_s = watchdog_grace_s  # beyond an action's window and twice its expected duration
-        self.max_outstanding = max_outstanding  # unanswered requests (samples); bounds memory under any flood
+        # Unanswered requests (samples) and their input bytes: bound memory under any flood and policy.
+        self.max_outstanding = max_outstanding
+        self.max_outstanding_bytes = max_outstanding_bytes
+        self._open_bytes = 0
+        self._bytes_of: dict[int, int] = {}
         self.policy_name = policy
         self.default_slo_ns = round(default_slo_ms * 1e6)
         scheduler = make_scheduler(policy, {}, [], random.Random(seed), round(deadline_margin_ms * 1e6))
@@ -142,9 +147,15 @@ class ControllerService:
             raise ServiceError("not_found", f"unknown model {model!r}")
         if model in self._unloading:
             raise ServiceError("unavailable", f"model {model!r} is being unloaded")
+        size = sum(int(array.nbytes) for sample in samples for array in sample.values()) // max(len(samples), 1)
+        refusal = None
         if len(self._futures) + len(samples) > self.max_outstanding:
+            refusal = f"{len(self._futures)} requests outstanding (max_outstanding)"
+        elif self._open_bytes + size * len(samples) > self.max_outstanding_bytes:
+            refusal = f"{self._open_bytes} bytes of inputs outstanding (max_outstanding_bytes)"
+        if refusal is not None:
             self.metrics.rejections.labels(Outcome.OVERLOADED.value).inc(len(samples))
-            raise ServiceError("overloaded", f"overloaded: {len(self._futures)} requests outstanding (max_outstanding)")
+            raise ServiceError("overloaded", f"overloaded: {refusal}")
         slo = slo_ns if slo_ns is not None else self.default_slo_ns
         now = self.clock.now_ns()
         futures = []
@@ -153,6 +164,8 @@ class ControllerService:
             future: asyncio.Future[Answer] = self.loop.create_future()
             self._futures[request.id] = future
             self._open[model] += 1
+            self._bytes_of[request.id] = size
+            self._open_bytes += size
             futures.append(future)
             self.controller.submit(request)
         return list(await asyncio.gather(*futures))
@@ -160,6 +173,7 @@ class ControllerService:
     def _answer(self, request: Request, response: Response, output: object) -> None:
         future = self._futures.pop(request.id, None)
         if future is not None:
+            self._open_bytes -= self._bytes_of.pop(request.id, 0)
             left = self._open[request.model] - 1
             if left > 0:
                 self._open[request.model] = left

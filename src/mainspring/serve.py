@@ -68,7 +68,7 @@ class ServeConfig:
     join_timeout_s: float = 180.0
     max_restarts_per_minute: int = 5  # per local worker
     max_outstanding: int = 100_000  # unanswered requests; past it 429 (bounds memory under a flood)
-    max_outstanding_mib: int = 2048  # their input tensors; past it 429
+    max_outstanding_mib: int = 512  # their input tensors (the server holds about 3x this); past it 429
     # Security: set the secrets in the config file or the environment, never as flags (``ps`` shows flags).
     auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)
     auth_inference: bool = False  # require the token for inference, metadata, statistics and metrics too

@@ -31,16 +31,9 @@ from mainspring.time import ms_to_ns, s_to_ns
 from mainspring.workload import ClosedLoop, PoissonOpenLoop, Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.serving.processes import ServerProcess, child_pids
+from tests.serving.processes import ServerProcess, child_pids, rss_mib
 
 MODEL = "resnet18"
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class PeakMemory:

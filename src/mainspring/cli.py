@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(commands)
     add_worker(commands)
     add_bench(commands)
+    p = commands.add_parser("analyze", help="why requests missed their SLO, from simulate or serve --log-dir logs")
+    p.add_argument("log_dir", type=Path)
+    p.add_argument("--top", type=int, default=3, help="models named per cause (default 3)")
     return parser
 
 
@@ -125,6 +128,19 @@ def _simulate_with_progress(
         return simulate(policy, profiles, workload, config, arrivals, progress=advance)
 
 
+def _run_analyze(args: argparse.Namespace) -> int:
+    from mainspring.telemetry.analyze import analyze, format_analysis, runs
+
+    if not args.log_dir.is_dir():
+        raise CliError(f"{args.log_dir} is not a folder")
+    found = runs(args.log_dir)
+    if not found:
+        raise CliError(f"{args.log_dir} holds no <run>-requests.tsv with its <run>-actions.tsv")
+    for run in found:
+        print(format_analysis(analyze(args.log_dir, run), args.top))
+    return 0
+
+
 _COMMANDS = {
     "simulate": _run_simulate,
     "zoo": run_zoo,
@@ -132,6 +148,7 @@ _COMMANDS = {
     "serve": run_serve,
     "worker": run_worker,
     "bench": run_bench,
+    "analyze": _run_analyze,
 }
 
 

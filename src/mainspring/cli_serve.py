@@ -27,6 +27,7 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument("--devices", help="local devices, comma-separated (default: every CUDA GPU, else cpu)")
     p.add_argument("--pool-mib", type=int, help="weight pool per device in MiB")
+    p.add_argument("--log-dir", help="write request and action logs (TSV) here, for `mainspring analyze`")
     p.add_argument(
         "--pin-cpu-workers",
         action="store_true",
@@ -66,6 +67,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "deadline_margin_ms",
             "devices",
             "pool_mib",
+            "log_dir",
             "pin_cpu_workers",
         )
     }

@@ -68,6 +68,7 @@ class ServeConfig:
     join_timeout_s: float = 180.0
     max_restarts_per_minute: int = 5  # per local worker
     max_outstanding: int = 100_000  # unanswered requests; past it 429 (bounds memory under a flood)
+    log_dir: str = ""  # write request and action logs (TSV) here, for `mainspring analyze`
     max_outstanding_mib: int = 512  # their input tensors (the server holds about 3x this); past it 429
     # Security: set the secrets in the config file or the environment, never as flags (``ps`` shows flags).
     auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)
@@ -215,6 +216,7 @@ class Server:
             deadline_margin_ms=config.deadline_margin_ms,
             max_outstanding=config.max_outstanding,
             max_outstanding_bytes=config.max_outstanding_mib * 1024 * 1024,
+            log_dir=Path(config.log_dir).expanduser() if config.log_dir else None,
         )
         self.repo: ModelRepository | None = None
         self.hub = WorkerHub(

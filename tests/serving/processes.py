@@ -81,6 +81,18 @@ def child_pids(pid: int) -> list[int]:
     return [int(child) for child in children]
 
 
+def rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` in MiB (Linux: from /proc; 0 once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def start_worker(
     address: str, repo: Path, name: str, log: Path, pool_mib: int = 256, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:

@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from mainspring.models.repository import ModelRepository
 from mainspring.models.zoo import build_model
+from mainspring.telemetry.analyze import analyze, runs
 from tests.serving.processes import ServerProcess, http_call
 from tests.torch_models import RESNET_ARGS
 
@@ -27,11 +28,18 @@ ARGS = {"mlp": {}, "resnet18": RESNET_ARGS, "bert_tiny": {}}
 
 
 @pytest.fixture(scope="module")
-def server(small_zoo: ModelRepository, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="module")
+def server(
+    small_zoo: ModelRepository, tmp_path_factory: pytest.TempPathFactory, log_dir: Path
+) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("serve")
     shutil.copytree(small_zoo.root, folder / "repo")
     # These tests check answers, not latency: a generous SLO (a CI machine once stalled 3.7 s).
-    process = ServerProcess(folder / "repo", folder / "server.log", "--slo-ms", "30000")
+    process = ServerProcess(folder / "repo", folder / "server.log", "--slo-ms", "30000", "--log-dir", str(log_dir))
     try:
         process.wait_ready()
         yield process
@@ -258,3 +266,19 @@ def test_mainspring_bench_drives_the_server(server: ServerProcess, protocol: str
     assert 20 <= report["requests"] <= 65 and report["slo_attainment"] == 1.0, report
     assert set(report["by_model"]) == {"mlp", "resnet18"} and "SLO attainment" in finished.stdout
     assert len((tmp_path / "requests.tsv").read_text().splitlines()) == report["requests"] + 1
+
+
+def test_the_server_writes_logs_that_analyze_reads(
+    server: ServerProcess, http: httpclient.InferenceServerClient, log_dir: Path
+) -> None:
+    tensor = httpclient.InferInput("input", [1, 256], "FP32")
+    tensor.set_data_from_numpy(inputs_for("mlp", 1))
+    http.infer("mlp", [tensor])
+    time.sleep(1.1)  # the logs are flushed at most a second after an answer
+    http.infer("mlp", [tensor])
+    (run,) = runs(log_dir)
+    assert run.startswith("live-")
+    analysis = analyze(log_dir, run)
+    assert analysis.requests >= 2 and analysis.infer_error_ms  # infers ran, with measured timings
+    requests = (log_dir / f"{run}-requests.tsv").read_text().splitlines()
+    assert requests[0].split("\t")[-1] == "outcome" and any("\tmlp\t" in line for line in requests[1:])

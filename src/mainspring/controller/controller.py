@@ -39,6 +39,29 @@ class ControllerObserver(Protocol):
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None: ...
 
 
+class Observers:
+    """Several observers as one (metrics and a log, say), called in order."""
+
+    def __init__(self, *observers: ControllerObserver) -> None:
+        self._all = observers
+
+    def on_request(self, request: Request, now_ns: int) -> None:
+        for observer in self._all:
+            observer.on_request(request, now_ns)
+
+    def on_action(self, action: Action, now_ns: int) -> None:
+        for observer in self._all:
+            observer.on_action(action, now_ns)
+
+    def on_result(self, result: ActionResult, action: Action, now_ns: int) -> None:
+        for observer in self._all:
+            observer.on_result(result, action, now_ns)
+
+    def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
+        for observer in self._all:
+            observer.on_answer(request, response, now_ns)
+
+
 AnswerSink = Callable[[Request, Response, object], None]
 WakeupHook = Callable[[int], None]
 

@@ -13,20 +13,23 @@ import collections
 import itertools
 import logging
 import random
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from mainspring.controller.controller import Controller
+from mainspring.controller.controller import Controller, ControllerObserver, Observers
 from mainspring.models.profile import ModelProfile
 from mainspring.models.repository import ModelConfig
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
 from mainspring.scheduler.base import Membership
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
 from mainspring.telemetry.metrics import ServingMetrics
+from mainspring.telemetry.recorder import LogWriter
 from mainspring.time import NS_PER_S, WallClock
 from mainspring.transport.links import WorkerHandle
 from mainspring.transport.messages import ModelInfo, ModelReply
@@ -88,6 +91,7 @@ class ControllerService:
         watchdog_grace_s: float = 10.0,
         max_outstanding: int = 100_000,
         max_outstanding_bytes: int = 2 * 1024**3,
+        log_dir: Path | None = None,
     ) -> None:
         self.clock = WallClock()
         self.watchdog_grace_s = watchdog_grace_s  # beyond an action's window and twice its expected duration
@@ -103,9 +107,12 @@ class ControllerService:
             raise ValueError(f"policy {policy!r} cannot serve live: devices and models must be able to come and go")
         self._membership: Membership = scheduler
         self.metrics = ServingMetrics()
+        # The simulator's request and action logs, for ``mainspring analyze``.
+        self.logs = LogWriter(log_dir, f"live-{time.strftime('%Y%m%d-%H%M%S')}") if log_dir is not None else None
+        observer: ControllerObserver = self.metrics if self.logs is None else Observers(self.metrics, self.logs)
         self._links: dict[int, _DeviceLink] = {}
         self.controller = Controller(
-            scheduler, self.clock, self._links, self._answer, self._request_wakeup, self.metrics, send_inputs=True
+            scheduler, self.clock, self._links, self._answer, self._request_wakeup, observer, send_inputs=True
         )
         self.models: dict[str, ServedModel] = {}
         self.load_errors: dict[str, str] = {}
@@ -336,4 +343,6 @@ class ControllerService:
         left = self.controller.shutdown("the server is shutting down")
         for handle in list(self._handles.values()):
             handle.close("controller shutting down")
+        if self.logs is not None:
+            self.logs.close()
         return left

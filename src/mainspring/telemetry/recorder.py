@@ -6,6 +6,7 @@ holds hundreds of thousands), written out as TSV logs and summarised in reports.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ class RequestRow(NamedTuple):
     reason: str
     action_id: int  # the Infer that served it; -1 if none
     cold: bool  # served right after a load that ended after it arrived
+    outcome: str = ""  # ``Outcome`` value: why it got this answer
 
     @property
     def latency_ns(self) -> int:
@@ -112,7 +114,7 @@ class Recorder:
         self.requests.append(
             RequestRow(
                 request.id, request.model, request.arrival_ns, request.deadline_ns, now_ns,
-                response.status.value, response.reason, action_id, cold,
+                response.status.value, response.reason, action_id, cold, response.outcome.value,
             )
         )  # fmt: skip
 
@@ -130,7 +132,46 @@ def _write_tsv(path: Path, columns: Iterable[str], rows: Iterable[Sequence[objec
     with path.open("w") as handle:
         handle.write("\t".join(columns) + "\n")
         for row in rows:
-            handle.write("\t".join(_cell(v) for v in row) + "\n")
+            handle.write(_line(row))
+
+
+def _line(row: Sequence[object]) -> str:
+    return "\t".join(_cell(v) for v in row) + "\n"
+
+
+class LogWriter(Recorder):
+    """The same two logs, written as rows arrive instead of kept (a live server runs for days):
+    ``<prefix>-requests.tsv`` and ``<prefix>-actions.tsv`` in ``directory``."""
+
+    def __init__(self, directory: Path, prefix: str) -> None:
+        super().__init__()
+        directory.mkdir(parents=True, exist_ok=True)
+        self.paths = (directory / f"{prefix}-requests.tsv", directory / f"{prefix}-actions.tsv")
+        self._files = [path.open("w", buffering=1 << 16) for path in self.paths]
+        for handle, columns in zip(self._files, (REQUEST_COLUMNS, ACTION_COLUMNS), strict=True):
+            handle.write("\t".join(columns) + "\n")
+        self._flushed_s = time.monotonic()
+
+    def on_result(self, result: ActionResult, action: Action, now_ns: int) -> None:
+        super().on_result(result, action, now_ns)
+        self._files[1].writelines(_line(row) for row in self.actions)
+        self.actions.clear()
+
+    def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
+        super().on_answer(request, response, now_ns)
+        self._files[0].writelines(_line(row) for row in self.requests)
+        self.requests.clear()
+        if time.monotonic() - self._flushed_s > 1.0:  # readable while the server runs, a second behind at most
+            self.flush()
+
+    def flush(self) -> None:
+        for handle in self._files:
+            handle.flush()
+        self._flushed_s = time.monotonic()
+
+    def close(self) -> None:
+        for handle in self._files:
+            handle.close()
 
 
 def _cell(value: object) -> str:

@@ -1,0 +1,75 @@
+"""``mainspring analyze`` gives each missed request of a hand-built log its one cause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mainspring.cli import main
+from mainspring.telemetry.analyze import analyze, runs
+from mainspring.telemetry.recorder import ACTION_COLUMNS, REQUEST_COLUMNS, ActionRow, RequestRow
+
+MS = 1_000_000
+ACTIONS = [
+    # id, kind, device, model, batch, requests, sent, earliest, latest, expected, status, begin, end, received, message
+    ActionRow(1, "load", 0, "cold", 0, 0, 0, 0, 5 * MS, 50 * MS, "ok", 1 * MS, 60 * MS, 61 * MS, ""),
+    ActionRow(2, "infer", 0, "cold", 1, 1, 61 * MS, 61 * MS, 62 * MS, 20 * MS, "ok", 61 * MS, 110 * MS, 111 * MS, ""),
+    ActionRow(3, "infer", 0, "slow", 1, 1, 0, 0, 1 * MS, 20 * MS, "ok", 0, 130 * MS, 131 * MS, ""),
+    ActionRow(4, "infer", 0, "trip", 1, 1, 0, 0, 1 * MS, 99 * MS, "ok", 0, 99 * MS, 103 * MS, ""),
+    ActionRow(5, "infer", 0, "late", 1, 1, 0, 90 * MS, 95 * MS, 20 * MS, "ok", 95 * MS, 115 * MS, 116 * MS, ""),
+    ActionRow(6, "infer", 1, "fine", 1, 1, 0, 0, 1 * MS, 20 * MS, "refused", -1, -1, 1 * MS, "window closed"),
+    ActionRow(7, "infer", 1, "fine", 1, 1, 0, 0, 1 * MS, 20 * MS, "ok", 2 * MS, 22 * MS, 23 * MS, ""),
+    ActionRow(
+        8, "load", 1, "loading", 0, 0, 10 * MS, 10 * MS, 15 * MS, 200 * MS, "ok", 10 * MS, 210 * MS, 211 * MS, ""
+    ),
+]
+REQUESTS = [
+    RequestRow(1, "fine", 0, 100 * MS, 23 * MS, "success", "", 7, False, "served"),
+    RequestRow(2, "cold", 0, 100 * MS, 111 * MS, "success", "", 2, True, "served"),
+    RequestRow(3, "slow", 0, 100 * MS, 131 * MS, "success", "", 3, False, "served"),
+    RequestRow(4, "trip", 0, 100 * MS, 103 * MS, "success", "", 4, False, "served"),
+    RequestRow(5, "late", 0, 100 * MS, 116 * MS, "success", "", 5, False, "served"),
+    RequestRow(6, "any", 0, 100 * MS, 0, "rejected", "needs 120 ms", -1, False, "deadline_at_arrival"),
+    RequestRow(7, "any", 0, 100 * MS, 0, "rejected", "share", -1, False, "overloaded"),
+    RequestRow(8, "loading", 5 * MS, 105 * MS, 80 * MS, "rejected", "expired", -1, False, "expired_in_queue"),
+    RequestRow(9, "busy", 0, 100 * MS, 80 * MS, "rejected", "expired", -1, False, "expired_in_queue"),
+    RequestRow(10, "any", 0, 100 * MS, 40 * MS, "error", "worker gone", -1, False, "worker_lost"),
+]
+CAUSES = {
+    "served late: waited for its model to load": 1,
+    "served late: the batch ran longer than predicted": 1,
+    "served late: the answer's way back took the rest": 1,
+    "served late: started too late to finish in time": 1,
+    "rejected at arrival: the deadline could not be met": 1,
+    "rejected at arrival: over its share of the devices (overloaded)": 1,
+    "expired in queue: while its model was loading": 1,
+    "expired in queue: behind other work": 1,
+    "failed: worker_lost": 1,
+}
+
+
+def write(folder: Path, run: str) -> None:
+    for name, columns, rows in (("requests", REQUEST_COLUMNS, REQUESTS), ("actions", ACTION_COLUMNS, ACTIONS)):
+        lines = ["\t".join(columns)] + ["\t".join(str(int(v)) if isinstance(v, bool) else str(v) for v in row)
+                                         for row in rows]  # fmt: skip
+        (folder / f"{run}-{name}.tsv").write_text("\n".join(lines) + "\n")
+
+
+def test_each_miss_gets_its_cause(tmp_path: Path) -> None:
+    write(tmp_path, "hand")
+    assert runs(tmp_path) == ["hand"]
+    analysis = analyze(tmp_path, "hand")
+    assert analysis.requests == 10 and analysis.good == 1 and analysis.missed == 9
+    assert {cause: entry.count for cause, entry in analysis.causes.items()} == CAUSES
+    assert analysis.refused_actions == {"infer: window closed": 1}
+    assert len(analysis.infer_error_ms) == 5
+
+
+def test_the_command_reads_a_folder_of_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(tmp_path, "live-20261130-000000")
+    assert main(["analyze", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "10 requests, 9 missed the SLO" in out and "expired in queue: while its model was loading" in out
+    with pytest.raises(SystemExit):
+        main(["analyze", str(tmp_path / "none")])

@@ -275,6 +275,21 @@ def test_a_spike_in_one_batch_size_s_estimate_pads_to_a_faster_size() -> None:
     assert batch.latest_ns >= batch.earliest_ns  # never an action that cannot start in time
 
 
+def test_a_spike_in_the_smallest_batch_s_estimate_does_not_turn_a_lone_request_away() -> None:
+    """Found live by ``mainspring analyze``: one stall in batch 1's window (104 ms for a 15 ms batch)
+    refused every request that arrived alone, though padding it to batch 2 met the SLO."""
+    policy = scheduler()
+    now = warm(policy, "a")
+    for _ in range(10):
+        policy.estimator.observe_exec("a", 2, "v100", 3 * MS, at_ns=now)
+    policy.estimator.observe_exec("a", 1, "v100", 12 * MS, at_ns=now)  # one stall: batch 1 looks slower than 2
+    policy.on_request(request(1, "a", now, slo_ms=10), now)
+    decisions = policy.schedule(now)
+    assert not decisions.responses  # admitted
+    (batch,) = infers(decisions)
+    assert batch.batch_size == 2 and batch.request_ids == (1,)
+
+
 def contended(b_slo_ms: float, shedding: bool = True) -> list[Infer]:
     """Model a: one request that must start now (batch 1: 2 ms); model b: eight (batch 8: 9 ms)."""
     policy = scheduler(max_batch_slo_fraction=1.0)  # let a batch take all of an SLO this short

@@ -95,9 +95,11 @@ class Estimator:
         self._load_ratio: dict[str, RollingPercentile] = {}
         self._max_age_ns = max_age_ns
         self._observed: deque[tuple[int, RollingPercentile, int, bool]] = deque()  # when, window, serial, whole
+        self.generation = 0  # changes whenever an estimate may have: lets callers cache derived values
 
     def forget(self, model: str) -> None:
         """Drop a model's measurements (it was unloaded; a new version starts from its profile)."""
+        self.generation += 1
         for key in [k for k in self._exec if k[0] == model]:
             del self._exec[key]
         for load_key in [k for k in self._load if k[0] == model]:
@@ -146,6 +148,7 @@ class Estimator:
         self._add(self._ratio(self._load_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False)
 
     def _add(self, window: RollingPercentile, value: int, at_ns: int, whole: bool) -> None:
+        self.generation += 1
         window.add(value)
         if self._max_age_ns is not None:
             self._observed.append((at_ns, window, window.added, whole))
@@ -163,8 +166,10 @@ class Estimator:
             _, window, serial, whole = observed.popleft()
             if whole and window.added == serial:  # nothing measured since
                 window.clear()
+                self.generation += 1
             elif not whole and window.holds(serial):  # oldest first: it is the window's oldest
                 window.drop_oldest()
+                self.generation += 1
 
 
 class DecayingRate:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -59,13 +61,47 @@ def test_a_remote_worker_joins_the_next_controller(small_zoo: ModelRepository, t
         return http_call(f"http://{server.http}/v2/models/mlp/infer", body("mlp"))[0] == 200
 
     worker = None
+    answers: list[tuple[int, bytes, float]] = []
+    current: list[ServerProcess] = []
+    stop_clients = threading.Event()
+
+    def client() -> None:  # sends to whichever controller is current, through the restart
+        while not stop_clients.is_set():
+            status, reply = http_call(f"http://{current[0].http}/v2/models/mlp/infer", body("mlp"))
+            answers.append((status, reply, time.monotonic()))
+            if answers[-1][0] == -1:
+                time.sleep(0.05)
+
+    clients = [threading.Thread(target=client) for _ in range(3)]
     try:
         first = controller(1)
         worker = start_worker(first.worker_address, tmp_path / "repo", "remote", tmp_path / "worker.log")
         wait_for(lambda: serves(first), 120)
+        current.append(first)
+        for thread in clients:
+            thread.start()
+        time.sleep(1.0)
+        stopping = time.monotonic()
         assert first.stop() == 0  # a clean stop says bye: the worker waits for the next controller
+        stopped = time.monotonic()
         second = controller(2)
+        current[0] = second
         wait_for(lambda: serves(second), 120)
+        restarted = len(answers)
+        time.sleep(1.0)
+        stop_clients.set()
+        for thread in clients:
+            thread.join(60)
+        # Under load through a clean restart: every request a controller accepted was answered (a
+        # result, or 503 while it drained); the others found no listener; none was cut off mid-way.
+        statuses = collections.Counter(status for status, _, _ in answers)
+        print(f"answers through the restart: {sorted(statuses.items())}")
+        assert set(statuses) <= {200, 429, 503, 504, -1} and statuses[200] > 0 and len(answers) > restarted
+        # A connection still in the listener's backlog when it closes is reset by the kernel: allowed
+        # only while the first controller was stopping (it was answering 503 by then).
+        cut_off = [(reply, at) for status, reply, at in answers
+                   if status == -1 and b"refused" not in reply and not stopping <= at <= stopped]  # fmt: skip
+        assert not cut_off, cut_off[:3]
         second.process.send_signal(signal.SIGKILL)  # no bye: the worker notices the silence
         second.process.wait()
         third = controller(3)
@@ -73,6 +109,7 @@ def test_a_remote_worker_joins_the_next_controller(small_zoo: ModelRepository, t
         assert worker.poll() is None  # one worker process all along (it started over in place)
         assert (tmp_path / "worker.log").read_text().count("starting over to join the next one") == 2
     finally:
+        stop_clients.set()
         if worker is not None:
             worker.kill()
             worker.wait()

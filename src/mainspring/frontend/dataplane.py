@@ -72,6 +72,11 @@ class DataPlane:
     def model(self, name: str, version: str | None = None) -> ServedModel:
         served = self.service.models.get(name)
         if served is None:
+            # Workers tell the controller what they serve: before the first joins (a restart), a model
+            # that may exist is unavailable for now, not unknown.
+            if self.service.device_count == 0 and (self.repo is None or name in self.repo.models()):
+                message = f"model {name!r} is not served yet: no worker is connected"
+                raise InferenceError(503, message, Outcome.NO_WORKER)
             raise InferenceError(404, f"unknown model {name!r}")
         if version not in (None, "", str(served.version)):
             raise InferenceError(404, f"model {name!r} has no version {version!r} (serving version {served.version})")

@@ -23,6 +23,7 @@ def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     add_workload_arguments(p, default="poisson", rate=50.0)
     p.add_argument("--json", type=Path, help="write the report as JSON here")
     p.add_argument("--log", type=Path, help="write the request log (TSV) here")
+    p.add_argument("--plot", type=Path, help="write PNG plots (latency CDF, goodput and latency over time) here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -76,6 +77,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         await sender.close()
     if args.log is not None:
         write_log(result.sent, args.log)
+    if args.plot is not None:
+        from mainspring.bench.report import as_recorder
+        from mainspring.telemetry.plots import write_plots
+
+        write_plots({url: as_recorder(result.sent)}, args.plot, args.slo_ms)
     report = build(result)
     report["settings"] = {"url": url, "protocol": args.protocol, "models": models, "workload": workload.describe(),
                           "duration_s": args.duration_s, "slo_ms": args.slo_ms, "seed": args.seed}  # fmt: skip

@@ -259,13 +259,15 @@ def test_mainspring_bench_drives_the_server(server: ServerProcess, protocol: str
     url = server.grpc if protocol == "grpc" else server.http
     command = [sys.executable, "-m", "mainspring.cli", "bench", "--url", url, "--protocol", protocol,
                "--models", "mlp,resnet18", "--rate", "20", "--duration-s", "2", "--slo-ms", "5000",
-               "--json", str(tmp_path / "report.json"), "--log", str(tmp_path / "requests.tsv"), "--quiet"]  # fmt: skip
+               "--json", str(tmp_path / "report.json"), "--log", str(tmp_path / "requests.tsv"),
+               "--plot", str(tmp_path / "plots"), "--quiet"]  # fmt: skip
     finished = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert 20 <= report["requests"] <= 65 and report["slo_attainment"] == 1.0, report
     assert set(report["by_model"]) == {"mlp", "resnet18"} and "SLO attainment" in finished.stdout
     assert len((tmp_path / "requests.tsv").read_text().splitlines()) == report["requests"] + 1
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["latency-cdf.png", "over-time.png"]
 
 
 def test_the_server_writes_logs_that_analyze_reads(

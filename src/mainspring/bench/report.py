@@ -11,6 +11,7 @@ import numpy as np
 
 from mainspring.bench.driver import DriveResult, Sent
 from mainspring.protocol import ResponseStatus
+from mainspring.telemetry.recorder import Recorder, RequestRow
 from mainspring.time import NS_PER_S, ns_to_ms
 
 PERCENTILES = {"p50": 50.0, "p99": 99.0, "p99.9": 99.9, "p99.99": 99.99}
@@ -86,6 +87,18 @@ def format_report(report: dict[str, Any], top_models: int = 10) -> str:
             lines.append(f"  {model:<24} {part['requests']:>8} {part['goodput_rps']:>8.1f} "
                          f"{part['slo_attainment']:>9.4%} {part['latency_ms']['p99']:>8.2f}")  # fmt: skip
     return "\n".join(lines)
+
+
+def as_recorder(rows: Sequence[Sent]) -> Recorder:
+    """The client's view as the simulator's request log, so that its plots draw a bench run too."""
+    recorder = Recorder()
+    recorder.received = len(rows)
+    recorder.requests = [
+        RequestRow(r.index, r.model, r.scheduled_ns, r.scheduled_ns + r.slo_ns, r.answered_ns, r.status.value,
+                   r.reason, -1, False, r.reason if r.status is not ResponseStatus.SUCCESS else "served")
+        for r in rows
+    ]  # fmt: skip
+    return recorder
 
 
 COLUMNS = ("index", "model", "label", "scheduled_ns", "sent_ns", "answered_ns", "slo_ns", "status", "reason")

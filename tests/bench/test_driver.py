@@ -33,6 +33,8 @@ async def infer(request: web.Request) -> web.Response:
     assert len(body) == header_length + 16  # one FP32 sample of 4 values, as binary data
     if model == "slow":
         await asyncio.sleep(0.3)  # past the 100 ms SLO: a late success
+    if model == "hung":
+        await asyncio.sleep(3600)
     if model == "refused":
         return web.json_response({"error": "too busy", "outcome": "overloaded"}, status=429)
     if model == "expired":
@@ -42,21 +44,24 @@ async def infer(request: web.Request) -> web.Response:
     return web.json_response({"model_name": model, "outputs": []})
 
 
-async def run(workload: Workload, duration_s: float, tmp_path: Path) -> DriveResult:
+async def run(
+    workload: Workload, duration_s: float, tmp_path: Path, models: tuple[str, ...] = MODELS, give_up_s: float = 30
+) -> DriveResult:
     app = web.Application()
     app.add_routes([web.get("/v2/models/{model}", metadata), web.post("/v2/models/{model}/infer", infer)])
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)  # a hung handler must not hold the test
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
     sender = HttpSender(f"127.0.0.1:{port}")
     try:
-        await sender.prepare(MODELS)
-        profiles = [ModelProfile(m, "live", 1, 1, {1: 1}) for m in MODELS]
+        await sender.prepare(models)
+        profiles = [ModelProfile(m, "live", 1, 1, {1: 1}) for m in models]
         duration = int(duration_s * NS_PER_S)
         arrivals = workload.arrivals(profiles, duration, random.Random(1))
-        return await drive(arrivals, workload, sender, 100 * NS_PER_MS, duration)
+        give_up = int(give_up_s * NS_PER_S)
+        return await drive(arrivals, workload, sender, 100 * NS_PER_MS, duration, give_up_after_ns=give_up)
     finally:
         await sender.close()
         await runner.cleanup()
@@ -97,3 +102,11 @@ def test_a_closed_loop_sends_the_next_request_when_an_answer_comes(tmp_path: Pat
     # Each of the 5 clients keeps one request in flight on its own model: the slow one gets about
     # 1 s / 0.3 s of them, the others many more.
     assert 3 <= per_model["slow"] <= 5 and per_model["fast"] > 20 and result.unanswered == 0
+
+
+def test_a_server_that_never_answers_is_given_up_on_and_every_request_still_counted(tmp_path: Path) -> None:
+    result = asyncio.run(run(PoissonOpenLoop(50.0), 1.0, tmp_path, models=("fast", "hung"), give_up_s=1.0))
+    hung = [r for r in result.sent if r.model == "hung"]
+    assert hung and result.unanswered == len(hung)
+    assert all(r.status is ResponseStatus.ERROR and "gave up" in r.reason for r in hung)
+    assert all(r.good for r in result.sent if r.model == "fast")

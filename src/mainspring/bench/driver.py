@@ -103,11 +103,12 @@ async def drive(
             arrival, from_heap = upcoming, False
         elif not tasks and not follow_ups:
             break
-        else:  # only answers (and the follow-ups they cause) are left
-            woken.clear()
-            await _wait(woken, tasks, None)
-            if not tasks and not follow_ups:
+        else:  # only answers (and the follow-ups they cause) are left, for a while
+            left_ns = zero + duration_ns + give_up_after_ns - clock()
+            if left_ns <= 0:
                 break
+            woken.clear()
+            await _wait(woken, tasks, left_ns / NS_PER_S)
             continue
         delay_ns = arrival.time_ns - (clock() - zero)
         if delay_ns > 0:

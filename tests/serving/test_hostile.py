@@ -69,7 +69,7 @@ def infer(server: ServerProcess, document: object) -> tuple[int, str]:
 def test_the_token_guards_everything_but_health(server: ServerProcess) -> None:
     body = json.dumps({"inputs": [MLP_INPUT]}).encode()
     url = f"http://{server.http}"
-    assert http_call(f"{url}/v2/health/ready")[0] == 200
+    assert http_call(f"{url}/v2/health/ready")[0] == 200 and http_call(f"{url}/v2/models/mlp/ready")[0] == 200
     for path, data in (("/v2/models/mlp/infer", body), ("/v2/repository/index", b"{}"), ("/v2/models/mlp", None),
                        ("/metrics", None), ("/v2/repository/models/mlp/unload", b"{}")):  # fmt: skip
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):

@@ -42,8 +42,8 @@ class Access:
 
 
 def http_scope(path: str) -> Scope:
-    if path.startswith("/v2/health/"):
-        return Scope.HEALTH
+    if path.startswith("/v2/health/") or (path.startswith("/v2/models/") and path.endswith("/ready")):
+        return Scope.HEALTH  # as gRPC's ServerLive, ServerReady and ModelReady
     if path.startswith("/v2/repository/"):
         return Scope.REPOSITORY
     return Scope.INFERENCE

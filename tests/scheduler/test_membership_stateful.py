@@ -176,3 +176,18 @@ TestClockworkMembership = _SETTINGS(_machine("clockwork")).TestCase
 TestInfer4Membership = _SETTINGS(_machine("infer4")).TestCase
 TestTritonMembership = _SETTINGS(_machine("triton")).TestCase
 TestClipperMembership = _SETTINGS(_machine("clipper")).TestCase
+
+
+def test_infer4_a_load_for_a_removed_model_does_not_count_for_its_next_residency() -> None:
+    """Found by this machine on a CI run: ``b`` removed and added again while its load was in flight;
+    the old load's result made INFER4 take ``b`` for loaded and plan an infer the worker could not run."""
+    state = _machine("infer4")()
+    state.add_device()
+    state.add_device()
+    state.arrive(model="b", slo_ms=5)
+    state.advance(ms=1)
+    state.add_or_remove_model(model="b")
+    state.add_or_remove_model(model="b")
+    state.arrive(model="b", slo_ms=5)
+    state.advance(ms=1)
+    state.teardown()

@@ -80,7 +80,7 @@ class _Device:
     load_lane: LaneTracker = field(default_factory=LaneTracker)
     strategies: list[tuple[int, int, int, str, int]] = field(default_factory=list)  # priority, seq, batch, model, at
     loaded: set[str] = field(default_factory=set)
-    loading: set[str] = field(default_factory=set)
+    loading: dict[str, int] = field(default_factory=dict)  # model -> its load's action id
     busy: dict[str, int] = field(default_factory=dict)  # models with infers in flight -> count
     free_pages: int = 0
     loads_in_flight: int = 0
@@ -224,7 +224,7 @@ class Infer4Scheduler(PolicyBookkeeping):
             if model in device.loaded or model in device.loading:
                 device.free_pages += self.pages_of(model, device.spec)
             device.loaded.discard(model)
-            device.loading.discard(model)
+            device.loading.pop(model, None)
         self.tracker.forget(model)
         self.estimator.forget(model)
         self._forget_model(model)
@@ -380,7 +380,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         latest = max(now_ns + FUTURE_NS + LATEST_DELTA_NS, available + LATEST_DELTA_NS)
         load = LoadWeights(self._new_action_id(), device.spec.device, name, now_ns, latest, expected)
         device.load_lane.plan(load.action_id, available, expected)
-        device.loading.add(name)
+        device.loading[name] = load.action_id
         device.loads_in_flight += 1
         self.tracker.load_started(name, device.spec.device)
         self._in_flight[load.action_id] = _Flight(load, [])
@@ -396,9 +396,9 @@ class Infer4Scheduler(PolicyBookkeeping):
 
     def _load_done(self, action: LoadWeights, result: ActionResult, device: _Device) -> None:
         name = action.model
-        if name not in device.loading:
-            return  # the model was unloaded meanwhile
-        device.loading.discard(name)
+        if device.loading.get(name) != action.action_id:
+            return  # the model was unloaded meanwhile (and perhaps added and loading again: not this load)
+        del device.loading[name]
         self.tracker.load_finished(name, device.spec.device, result.ok)
         if not result.ok:
             device.free_pages += self.pages_of(name, device.spec)

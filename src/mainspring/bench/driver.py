@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -71,7 +72,7 @@ async def drive(
     follow_ups: list[tuple[int, int, Arrival]] = []
     woken = asyncio.Event()
     tasks: set[asyncio.Task[None]] = set()
-    counter = iter(range(1 << 62))
+    counter = itertools.count()  # ties in the follow-up heap
 
     async def one(index: int, arrival: Arrival) -> None:
         slo = arrival.slo_ns or default_slo_ns

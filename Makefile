@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run simulate test lint bench paper clean
+.PHONY: run simulate test lint bench paper scenarios clean
 
 $(STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest -q
+
+# Mainspring beside Triton and Ray Serve, live (about an hour): installs the peers into .peers/, writes BENCHMARKS.md
+scenarios: $(STAMP)
+	bash benchmarks/peers/install.sh
+	$(BIN)/python benchmarks/scenarios.py --fresh --repeats 2 --seconds 20 --plots
+	$(BIN)/python benchmarks/scenarios.py --scenarios S3 --servers triton-docs,ray-docs --repeats 2 --seconds 20
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_speed.py

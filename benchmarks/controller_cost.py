@@ -2,9 +2,10 @@
 
 The load ramps with the number of devices (as in Clockwork's Fig. 11): N devices,
 50 model copies each, Poisson arrivals at --rate-per-device. The policy's CPU time
-is measured around every call (on_request, on_result, schedule) in the simulator,
-so it excludes the emulation. One core keeps N devices saturated in real time while
-the policy needs less than one CPU second per simulated second.
+is measured around every call (on_request, on_result, schedule) in the simulator
+(``policy_cpu_us_per_request`` of every simulation report), so it excludes the
+emulation. One core keeps N devices saturated in real time while the policy needs
+less than one CPU second per simulated second.
 
     .venv/bin/python benchmarks/controller_cost.py [--devices 1 2 4 8 16 32 64] [--policy clockwork]
 """
@@ -12,39 +13,12 @@ the policy needs less than one CPU second per simulated second.
 from __future__ import annotations
 
 import argparse
-import time
 
 from mainspring.models.profile import builtin_profiles, model_copies
-from mainspring.protocol import ActionResult, Request
-from mainspring.scheduler.base import Decisions, Scheduler
 from mainspring.scheduler.registry import parse_policies
 from mainspring.sim.run import SimulationConfig, simulate
-from mainspring.time import NS_PER_S, s_to_ns
+from mainspring.time import s_to_ns
 from mainspring.workload import PoissonOpenLoop
-
-
-class TimedScheduler:
-    """Adds up the CPU time a policy spends in its three calls."""
-
-    def __init__(self, inner: Scheduler) -> None:
-        self.inner = inner
-        self.cpu_ns = 0
-
-    def on_request(self, request: Request, now_ns: int) -> None:
-        started = time.thread_time_ns()
-        self.inner.on_request(request, now_ns)
-        self.cpu_ns += time.thread_time_ns() - started
-
-    def on_result(self, result: ActionResult, now_ns: int) -> None:
-        started = time.thread_time_ns()
-        self.inner.on_result(result, now_ns)
-        self.cpu_ns += time.thread_time_ns() - started
-
-    def schedule(self, now_ns: int) -> Decisions:
-        started = time.thread_time_ns()
-        decisions = self.inner.schedule(now_ns)
-        self.cpu_ns += time.thread_time_ns() - started
-        return decisions
 
 
 def main() -> None:
@@ -61,18 +35,11 @@ def main() -> None:
     for policy in parse_policies(args.policy):
         saturated = 0
         for n in args.devices:
-            timed: list[TimedScheduler] = []
-
-            def wrap(inner: Scheduler, timed: list[TimedScheduler] = timed) -> Scheduler:
-                timed.append(TimedScheduler(inner))
-                return timed[-1]
-
             models = model_copies(builtin_profiles(), 50 * n)
             config = SimulationConfig(duration_ns=s_to_ns(args.duration_s), devices=n, seed=3)
-            result = simulate(policy, models, PoissonOpenLoop(args.rate_per_device * n), config, wrap=wrap)
-            report = result.report
-            cpu_s = timed[0].cpu_ns / NS_PER_S
-            per_sim_s = cpu_s / report.simulated_s
+            report = simulate(policy, models, PoissonOpenLoop(args.rate_per_device * n), config).report
+            per_sim_s = report.policy_cpu_s_per_sim_s
+            cpu_s = per_sim_s * report.simulated_s
             if per_sim_s < 1.0:
                 saturated = n
             print(

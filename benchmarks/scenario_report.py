@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ TITLES = {
     "S1": "S1 tail under load (resnet18 64x64 (the zoo's), Poisson, SLO 10x batch 1)",
     "S2": "S2 bursts at 3x capacity (resnet18 64x64 (the zoo's), 1 s on / 4 s off)",
     "S3": "S3 many models, limited memory (30 resnet18 64x64, Zipf, 10 resident, SLO 100 ms)",
-    "S4": "S4 Azure Functions sample at x2 over the built-in zoo (SLO 100 ms)",
+    "S4": "S4 Azure Functions sample at x2 and x6 over the built-in zoo (SLO 100 ms)",
     "S5": "S5 tight SLOs (resnet18 64x64 at 50% of capacity)",
 }
 META = ("calibration", "runs")
@@ -88,19 +87,23 @@ def _details(key: str, points: dict[str, Any], servers: list[str]) -> list[str]:
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     servers = _servers(results)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     runs = results.get("runs", [])
-    when = f"{runs[0]['started']} to {runs[-1]['started']}" if runs else "-"
+    done = "; ".join(
+        f"{r['started']} {r['scenarios']} x{r.get('repeats', 1)} ({r['servers']}) at {r.get('commit', '?')}"
+        for r in runs
+    )
     cal = results.get("calibration", {})
     lines = [
         "# Mainspring beside Triton and Ray Serve, live on one machine",
         "",
-        f"Written by `.venv/bin/python benchmarks/scenarios.py` (runs started {when}; commit {commit}; "
-        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}). The peers are installed "
+        f"Written by `.venv/bin/python benchmarks/scenarios.py` ({platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}; runs, each with its repeats and the commit it ran: {done}). "
+        "The peers are installed "
         "by `bash benchmarks/peers/install.sh` into their own environments; their settings and the reason for each "
         "are in the docstrings of `benchmarks/peers/triton_server.py` and `ray_server.py`, the two loading modes "
         "(`docs`: the pattern the peer's documentation shows; `expert`: weights cached in host memory, loads as a "
-        "copy, no stalls) in `benchmarks/peers/residency.py`. Every server got the identical arrival sequence per "
+        "copy, no stalls) in `benchmarks/peers/residency.py`; `-expert` columns are the expert build, `-docs` the "
+        "documented pattern, run where loading decides (S3). Every server got the identical arrival sequence per "
         "point, one server at a time, after an 8 s warm-up that is not counted; client, server and worker share "
         "the machine's 2 cores. Cells: SLO attainment (goodput r/s); with repeats, the range over them.",
         "",
@@ -111,6 +114,19 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             for name, c in cal.items()
         )
         + ".",
+        "",
+        "How the peers behave, by construction (read the figures with this in mind):",
+        "",
+        "- Triton's queue policy rejects a request whose `timeout` passes while it waits in Triton's queue; "
+        "once its batch is handed to the model it runs to the end and may be answered late. A request can only "
+        "lower the model's default timeout, so the default is set (60 s): with none, every client timeout is "
+        "ignored.",
+        "- PyTriton runs each bound model's Python callable behind its own Python-backend stub process (31 "
+        "processes for S3's 30 models) and hands tensors over shared memory; Triton itself has no automatic "
+        "eviction, so both loading modes bring models in through `residency.py` inside the callable.",
+        "- Ray Serve's request path (HTTP proxy actor, replica actor, FastAPI) is Python at every step; on 2 shared "
+        "cores its ceiling is S1's closed-loop row, and offered load above it queues until `max_queued_requests` "
+        "sheds with 503.",
         "",
         "## Summary",
         "",

@@ -11,7 +11,7 @@ share the machine's 2 cores), each after a short warm-up load that is not counte
 - S2 bursts: the same model, on/off bursts (1 s on, 4 s off on average) at 3x capacity.
 - S3 many models, limited memory: 30 resnet18 copies at 64x64, Zipf, 20 / 40 / 60 r/s, SLO 100
   ms; Mainspring's weight pool holds 10 of them (480 MiB), each peer holds at most 10.
-- S4 Azure replay: the bundled Functions sample at x2 over the built-in zoo, SLO 100 ms.
+- S4 Azure replay: the bundled Functions sample at x2 and x6 over the built-in zoo, SLO 100 ms.
 - S5 tight SLOs: resnet18 64x64 at 50% of capacity, SLO 2x to 40x batch 1: the smallest SLO
   each server holds at 99%.
 
@@ -150,7 +150,7 @@ def scenarios(selected: Sequence[str], seconds: float, calibration: dict[str, An
             out.append(Scenario(key, build_repo("resnet18-64x30"), S3_POOL_MIB, int(S3_POOL_MIB // c["weights_mib"]),
                                 points))  # fmt: skip
         elif key == "S4":
-            points = [Point("azure x2", AzureTrace(scale=2.0), 100.0, 2 * seconds)]
+            points = [Point(f"azure x{x}", AzureTrace(scale=x), 100.0, 2 * seconds) for x in (2, 6)]
             out.append(Scenario(key, build_repo("zoo"), DEFAULT_POOL_MIB, None, points))
         elif key == "S5":
             c = cal("resnet18")
@@ -253,8 +253,10 @@ def main() -> None:
     if not args.markdown_only:
         calibration = results.setdefault("calibration", {})
         chosen = scenarios([s.strip() for s in args.scenarios.split(",")], args.seconds, calibration)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
         results.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%d %H:%M"), "servers": args.servers,
-                                               "scenarios": args.scenarios, "seconds": args.seconds})  # fmt: skip
+                                               "scenarios": args.scenarios, "seconds": args.seconds,
+                                               "repeats": args.repeats, "commit": commit.stdout.strip()})  # fmt: skip
         for repeat in range(args.repeats):
             for scenario in chosen:
                 servers = args.servers.split(",")

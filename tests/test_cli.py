@@ -27,6 +27,10 @@ def test_simulate_writes_table_json_plots_and_logs(tmp_path: Path, capsys: pytes
         for key in ("goodput_rps", "throughput_rps", "rejected", "timed_out", "cold_starts", "loads", "evictions"):
             assert key in r
         assert r["simulated_s"] >= 20 and r["wall_s"] > 0
+        # the policy's own CPU, for sizing a controller: some, and less than the whole run's wall time
+        assert 0 < r["policy_cpu_us_per_request"] * r["requests"] / 1e6 < r["wall_s"]
+        assert r["policy_cpu_s_per_sim_s"] > 0
+    assert "policy CPU (us/request)" in table
     assert results[0]["requests"] == results[1]["requests"]  # identical arrivals
     for png in ("latency-cdf.png", "over-time.png"):
         assert (tmp_path / "plots" / png).read_bytes()[:4] == b"\x89PNG"

@@ -9,20 +9,13 @@ Per N and policy: peak goodput (best 5 s window) and the policy's CPU seconds pe
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from common import markdown_table, parser, write_section
 
 from mainspring.models.profile import builtin_profiles, model_copies
-from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.registry import parse_policies
 from mainspring.sim.run import SimulationConfig, generate_arrivals, simulate
 from mainspring.time import NS_PER_S, s_to_ns
 from mainspring.workload import AzureTrace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from controller_cost import TimedScheduler  # benchmarks/, beside this folder
 
 PER_DEVICE_SCALE = 25.0  # x100 keeps 6 devices ~67% busy at this mix: ~x25 per device fills one
 
@@ -46,22 +39,14 @@ def main() -> None:
         config = SimulationConfig(duration_ns=s_to_ns(duration), devices=n, seed=1)
         arrivals = generate_arrivals(workload, models, config)
         for policy in policies:
-            timed: list[TimedScheduler] = []
-
-            def wrap(s: Scheduler, into: list[TimedScheduler] = timed) -> Scheduler:
-                into.append(TimedScheduler(s))
-                return into[-1]
-
-            r = simulate(policy, models, workload, config, arrivals, wrap=wrap)
+            r = simulate(policy, models, workload, config, arrivals)
             window = 5 * NS_PER_S
             good: dict[int, int] = {}
             for row in r.recorder.requests:
                 if row.good:
                     good[row.arrival_ns // window] = good.get(row.arrival_ns // window, 0) + 1
             peak = max(good.values(), default=0) / 5
-            cpu_s = timed[0].cpu_ns / NS_PER_S
-            cpu = cpu_s / max(r.end_ns / NS_PER_S, 1e-9)
-            per_request_us = 1e6 * cpu_s / max(r.report.requests, 1)
+            cpu, per_request_us = r.report.policy_cpu_s_per_sim_s, r.report.policy_cpu_us_per_request
             rows.append(
                 [n, policy, f"{r.report.offered_rps:.0f}", f"{peak:.0f}", f"{cpu:.2f}", f"{per_request_us:.0f}"]
             )

@@ -80,79 +80,83 @@ def binary_response(model: str, names: list[str], outputs: list[np.ndarray[Any, 
                     headers={"Inference-Header-Content-Length": str(len(header))})  # fmt: skip
 
 
-@serve.deployment(max_ongoing_requests=16, max_queued_requests=32, ray_actor_options={"num_cpus": 1})
-@serve.ingress(app)
-class KServeModels:
-    def __init__(self, repo: str, resident: int | None, loading: str) -> None:
-        torch.set_num_threads(1)
-        self.repo = ModelRepository(repo)
-        self.loading = loading
-        self.configs = {m: self.repo.config(m) for m in self.repo.models()}
-        models = list(self.configs)
-        capacity = resident or len(models)
-        # docs mode: the multiplexed loader owns residency (the first requests load and warm models).
-        self.residency = Residency(self.repo, models, resident, loading) if loading == "expert" else None
-        self.get_model = serve.multiplexed(max_num_models_per_replica=capacity)(self._read_model)
+def deployment(capacity: int) -> Any:
+    """The deployment class; made here because ``@serve.multiplexed`` takes its size when a class is defined."""
 
-    async def _read_model(self, model: str) -> Any:
-        return load_module(self.repo, model)[1]
+    @serve.deployment(max_ongoing_requests=16, max_queued_requests=32, ray_actor_options={"num_cpus": 1})
+    @serve.ingress(app)
+    class KServeModels:
+        def __init__(self, repo: str, resident: int | None, loading: str) -> None:
+            torch.set_num_threads(1)
+            self.repo = ModelRepository(repo)
+            self.loading = loading
+            self.configs = {m: self.repo.config(m) for m in self.repo.models()}
+            models = list(self.configs)
+            # docs mode: the multiplexed loader owns residency (the first requests load and warm models).
+            self.residency = Residency(self.repo, models, resident, loading) if loading == "expert" else None
 
-    @app.get("/v2/health/ready")
-    async def ready(self) -> dict[str, bool]:
-        return {"ready": True}
+        @serve.multiplexed(max_num_models_per_replica=capacity)
+        async def get_model(self, model: str) -> Any:
+            return load_module(self.repo, model)[1]
 
-    @app.get("/v2/models/{model}")
-    async def metadata(self, model: str) -> Any:
-        config = self.configs.get(model)
-        if config is None:
-            return Response(json.dumps({"error": f"unknown model {model}"}), status_code=404)
-        tensors = lambda specs: [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in specs]  # noqa: E731
-        return {"name": model, "versions": ["1"], "platform": "pytorch",
-                "inputs": tensors(config.inputs), "outputs": tensors(config.outputs)}  # fmt: skip
+        @app.get("/v2/health/ready")
+        async def ready(self) -> dict[str, bool]:
+            return {"ready": True}
 
-    @app.post("/v2/models/{model}/infer")
-    async def infer(self, model: str, request: Request) -> Response:
-        arrived = time.monotonic()
-        config = self.configs.get(model)
-        if config is None:
-            return Response(json.dumps({"error": f"unknown model {model}"}), status_code=404)
-        header, arrays = parse_infer(await request.body(), request.headers.get(HEADER_LENGTH))
-        timeout_us = header.get("parameters", {}).get("timeout")
-        deadline = arrived + timeout_us / 1e6 if timeout_us else float("inf")
-        outputs = await self.run((model, arrays, deadline))
-        if outputs == EXPIRED:
-            return Response(json.dumps({"error": "timeout expired before the batch ran"}), status_code=504)
-        return binary_response(model, [t.name for t in config.outputs], outputs)
+        @app.get("/v2/models/{model}")
+        async def metadata(self, model: str) -> Any:
+            config = self.configs.get(model)
+            if config is None:
+                return Response(json.dumps({"error": f"unknown model {model}"}), status_code=404)
+            tensors = lambda specs: [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in specs]  # noqa: E731
+            return {"name": model, "versions": ["1"], "platform": "pytorch",
+                    "inputs": tensors(config.inputs), "outputs": tensors(config.outputs)}  # fmt: skip
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.001)  # type: ignore[untyped-decorator]
-    async def run(self, items: list[tuple[str, list[np.ndarray[Any, Any]], float]]) -> list[Any]:
-        results: list[Any] = [None] * len(items)
-        by_model: dict[str, list[int]] = {}
-        for index, (model, _, _) in enumerate(items):
-            by_model.setdefault(model, []).append(index)
-        for model, indices in by_model.items():
-            if self.residency is not None:
-                now = time.monotonic()
-                for i in [i for i in indices if items[i][2] <= now]:
-                    results[i] = EXPIRED
-                indices = [i for i in indices if items[i][2] > now]
-                if not indices:
-                    continue
-                module = await asyncio.to_thread(self.residency.get, model)
-            else:
-                module = await self.get_model(model)
-            inputs = [torch.from_numpy(np.concatenate([items[i][1][k] for i in indices]))
-                      for k in range(len(items[indices[0]][1]))]  # fmt: skip
-            if self.residency is not None:
-                outputs = await asyncio.to_thread(run_batch, module, inputs, None)
-            else:
-                outputs = run_batch(module, inputs, None)
-            offset = 0
-            for i in indices:
-                size = items[i][1][0].shape[0]
-                results[i] = [o[offset : offset + size].numpy() for o in outputs]
-                offset += size
-        return results
+        @app.post("/v2/models/{model}/infer")
+        async def infer(self, model: str, request: Request) -> Response:
+            arrived = time.monotonic()
+            config = self.configs.get(model)
+            if config is None:
+                return Response(json.dumps({"error": f"unknown model {model}"}), status_code=404)
+            header, arrays = parse_infer(await request.body(), request.headers.get(HEADER_LENGTH))
+            timeout_us = header.get("parameters", {}).get("timeout")
+            deadline = arrived + timeout_us / 1e6 if timeout_us else float("inf")
+            outputs = await self.run((model, arrays, deadline))
+            if outputs == EXPIRED:
+                return Response(json.dumps({"error": "timeout expired before the batch ran"}), status_code=504)
+            return binary_response(model, [t.name for t in config.outputs], outputs)
+
+        @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.001)  # type: ignore[untyped-decorator]
+        async def run(self, items: list[tuple[str, list[np.ndarray[Any, Any]], float]]) -> list[Any]:
+            results: list[Any] = [None] * len(items)
+            by_model: dict[str, list[int]] = {}
+            for index, (model, _, _) in enumerate(items):
+                by_model.setdefault(model, []).append(index)
+            for model, indices in by_model.items():
+                if self.residency is not None:
+                    now = time.monotonic()
+                    for i in [i for i in indices if items[i][2] <= now]:
+                        results[i] = EXPIRED
+                    indices = [i for i in indices if items[i][2] > now]
+                    if not indices:
+                        continue
+                    module = await asyncio.to_thread(self.residency.get, model)
+                else:
+                    module = await self.get_model(model)
+                inputs = [torch.from_numpy(np.concatenate([items[i][1][k] for i in indices]))
+                          for k in range(len(items[indices[0]][1]))]  # fmt: skip
+                if self.residency is not None:
+                    outputs = await asyncio.to_thread(run_batch, module, inputs)
+                else:
+                    outputs = run_batch(module, inputs)
+                offset = 0
+                for i in indices:
+                    size = items[i][1][0].shape[0]
+                    results[i] = [o[offset : offset + size].numpy() for o in outputs]
+                    offset += size
+            return results
+
+    return KServeModels
 
 
 def main() -> None:
@@ -165,7 +169,9 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}})  # fmt: skip
     serve.start(http_options={"host": "127.0.0.1", "port": args.http_port})
-    serve.run(KServeModels.bind(str(args.repo.resolve()), args.resident, args.loading), route_prefix="/")
+    capacity = args.resident or len(ModelRepository(args.repo).models())
+    models = deployment(capacity)
+    serve.run(models.bind(str(args.repo.resolve()), args.resident, args.loading), route_prefix="/")
     print(f"ray peer ready: loading {args.loading}, resident {args.resident or 'all'}", flush=True)
     try:
         while True:

@@ -20,7 +20,6 @@ import copy
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -76,7 +75,7 @@ class Residency:
         """Run every batch size once: the first call of an exported module at a size is slow."""
         config = self.repo.config(model)
         for size in config.batch_sizes:
-            run_batch(module, list(example_inputs(config.inputs, size)), None)
+            run_batch(module, list(example_inputs(config.inputs, size)))
 
     def _load(self, model: str, victim: nn.Module | None) -> nn.Module:
         if self.loading == "docs":
@@ -89,13 +88,8 @@ class Residency:
         return copy.deepcopy(host)
 
 
-def run_batch(module: nn.Module, inputs: list[torch.Tensor], lock: threading.Lock | None) -> list[torch.Tensor]:
-    """One forward pass (under ``lock`` when the peer runs one batch at a time), outputs as a list."""
-    run: Callable[[], object] = lambda: module(*inputs)  # noqa: E731
+def run_batch(module: nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One forward pass, its outputs as a list."""
     with torch.inference_mode():
-        if lock is None:
-            out = run()
-        else:
-            with lock:
-                out = run()
-    return list(out) if isinstance(out, (tuple, list)) else [out]  # type: ignore[arg-type]
+        out = module(*inputs)
+    return list(out) if isinstance(out, (tuple, list)) else [out]

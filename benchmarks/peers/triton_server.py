@@ -13,10 +13,11 @@ Settings, each as a user tuning Triton for a latency SLO would choose it:
   ``timeout`` parameter, ``allow_timeout_override``) passes while it waits: Triton's own way
   to shed load that can no longer make it (with a 60 s default timeout, which the clients'
   timeouts lower: a request can only lower the default);
-- one execution at a time in ``expert`` mode (a process-wide lock): PyTriton runs each model's
+- one execution at a time in ``expert`` mode (a process-wide lock, held over the load too, which
+  copies into an evicted module that another thread could be running): PyTriton runs each model's
   callable in its own thread, and two torch threads in one process slow each other (GIL); one
   device runs one batch at a time, as Mainspring's worker does; ``docs`` mode leaves PyTriton's
-  threads as they are;
+  threads as they are (its loads build new modules);
 - ``torch.set_num_threads(1)``, like Mainspring's CPU worker (one core per device);
 - ``--resident N``: at most N models in memory, least recently used evicted (see ``residency.py``
   for the two loading modes); default: every model resident from the start.
@@ -51,8 +52,12 @@ def infer_function(residency: Residency, model: str, input_names: list[str], out
                    lock: threading.Lock | None) -> Any:  # fmt: skip
     @batch  # type: ignore[untyped-decorator]
     def infer(**inputs: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
-        module = residency.get(model)
-        outputs = run_batch(module, [torch.from_numpy(inputs[name]) for name in input_names], lock)
+        tensors = [torch.from_numpy(inputs[name]) for name in input_names]
+        if lock is None:
+            outputs = run_batch(residency.get(model), tensors)
+        else:  # the load too: an expert load overwrites an evicted module that another thread may be running
+            with lock:
+                outputs = run_batch(residency.get(model), tensors)
         return {name: out.numpy() for name, out in zip(output_names, outputs, strict=True)}
 
     return infer

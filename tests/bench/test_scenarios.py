@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from scenario_report import write_markdown  # noqa: E402
-from scenarios import burst_recovery_ms  # noqa: E402
-
-from mainspring.bench.driver import Sent  # noqa: E402
-from mainspring.protocol import ResponseStatus  # noqa: E402
+from mainspring.bench.driver import Sent
+from mainspring.protocol import ResponseStatus
+from scenario_report import write_markdown
+from scenarios import burst_recovery_ms
 
 MS = 1_000_000
 
@@ -40,12 +39,16 @@ def run(attainment: float, goodput: float, **extra: Any) -> dict[str, Any]:
 
 
 def test_report_shows_every_server_the_goodput_ratio_and_the_smallest_slo_held(tmp_path: Path) -> None:
+    calibration = {"batch1_ms": 16.0, "max_batch_ms": 29.0, "max_batch": 8, "capacity_rps": 276.0, "weights_mib": 44.6}
     results = {
-        "calibration": {"resnet18": {"batch1_ms": 16.0, "max_batch_ms": 29.0, "max_batch": 8, "capacity_rps": 276.0,
-                                     "weights_mib": 44.6}},  # fmt: skip
+        "calibration": {"resnet18": calibration},
         "runs": [{"started": "2026-11-30 06:00", "servers": "x", "scenarios": "S3,S5", "seconds": 20}],
-        "S3": {"20 r/s": {"mainspring": [run(0.999, 20.0), run(0.995, 19.0)], "triton-expert": [run(0.9, 10.0),
-                                                                                             run(0.8, 8.0)]}},  # fmt: skip
+        "S3": {
+            "20 r/s": {
+                "mainspring": [run(0.999, 20.0), run(0.995, 19.0)],
+                "triton-expert": [run(0.9, 10.0), run(0.8, 8.0)],
+            }
+        },
         "S5": {
             "2x": {"mainspring": [run(0.98, 9.0, slo_ms=32.0)], "triton-expert": [run(0.5, 5.0, slo_ms=32.0)]},
             "3x": {"mainspring": [run(0.995, 9.9, slo_ms=48.0)], "triton-expert": [run(0.97, 9.7, slo_ms=48.0)]},

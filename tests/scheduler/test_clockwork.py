@@ -246,7 +246,7 @@ def test_a_fleet_of_two_kinds_is_planned_with_each_kind_s_estimates() -> None:
 
 
 def test_one_stall_does_not_lock_a_model_out_for_good() -> None:
-    policy = scheduler(estimate_max_age_s=1.0)  # default 60 s
+    policy = scheduler(estimate_max_age_s=1.0, probe_after_ms=None)  # default 60 s; without probes, ageing
     now = warm(policy, "a")
     policy.on_request(request(1, "a", now, slo_ms=100), now)
     (infer,) = infers(policy.schedule(now))
@@ -260,6 +260,73 @@ def test_one_stall_does_not_lock_a_model_out_for_good() -> None:
     policy.on_request(request(3, "a", later, slo_ms=100), later)
     (served,) = infers(policy.schedule(later))
     assert served.request_ids == (3,)
+
+
+def test_a_model_its_stale_estimates_refuse_is_probed_and_served_again() -> None:
+    policy = scheduler()  # measurements count for 60 s; a probe at most every second
+    now = warm(policy, "a")
+    policy.on_request(request(1, "a", now, slo_ms=100), now)
+    (infer,) = infers(policy.schedule(now))
+    stalled = now + 3_000 * MS  # the machine stalled: three seconds for a 2 ms batch
+    policy.on_result(ok(infer.action_id, 0, now, stalled), stalled)
+    policy.schedule(stalled)
+    # just measured: the estimate is evidence, and refuses
+    policy.on_request(request(2, "a", stalled, slo_ms=100), stalled)
+    (refused,) = policy.schedule(stalled).responses
+    assert refused.request_id == 2 and "deadline cannot be met" in refused.reason
+    # a second later, nothing measured since: the idle device runs one request anyway, at once, alone
+    later = stalled + 1_000 * MS
+    policy.on_request(request(3, "a", later, slo_ms=100), later)
+    (probe,) = infers(policy.schedule(later))
+    assert probe.request_ids == (3,) and probe.batch_size == 1 and probe.earliest_ns == later
+    # one probe at a time: meanwhile the estimate refuses as before
+    policy.on_request(request(5, "a", later + MS, slo_ms=100), later + MS)
+    (refused,) = policy.schedule(later + MS).responses
+    assert refused.request_id == 5 and "deadline cannot be met" in refused.reason
+    # the probe took 2 ms: its request is served, and that measurement replaces the stall's estimate
+    done = later + 3 * MS
+    policy.on_result(ok(probe.action_id, 0, later + MS, done), done)
+    (answered,) = policy.schedule(done).responses
+    assert answered.request_id == 3 and answered.status is ResponseStatus.SUCCESS
+    policy.on_request(request(4, "a", done, slo_ms=100), done)
+    (served,) = infers(policy.schedule(done))
+    assert served.request_ids == (4,) and served.expected_duration_ns == 2 * MS
+
+
+def test_a_never_measured_model_is_probed_once() -> None:
+    policy = scheduler()
+    policy.on_request(request(1, "b", 0, slo_ms=1.5), 0)  # cold, and faster than its 2 ms batch 1 anyway
+    decisions = policy.schedule(0)
+    assert [r.request_id for r in decisions.responses] == [1]
+    (load,) = [a for a in decisions.actions if isinstance(a, LoadWeights)]  # loaded while memory is idle
+    policy.on_result(ok(load.action_id, 0, 0, 5 * MS), 5 * MS)
+    policy.schedule(5 * MS)
+    # held and never measured: its profile alone refuses, so one request runs to measure it
+    first = 1_000 * MS
+    policy.on_request(request(2, "b", first, slo_ms=1.5), first)
+    (probe,) = infers(policy.schedule(first))
+    assert probe.request_ids == (2,)
+    done = first + 2 * MS  # the profile was right: 2 ms, and the probe's answer is late
+    policy.on_result(ok(probe.action_id, 0, first, done), done)
+    policy.schedule(done)
+    # measured, and near its profile: refused as before, lately measured or not
+    for at in (done + MS, done + 2_000 * MS):
+        policy.on_request(request(at, "b", at, slo_ms=1.5), at)
+        (refused,) = policy.schedule(at).responses
+        assert refused.request_id == at and "deadline cannot be met" in refused.reason
+
+
+def test_no_probe_while_the_holder_is_busy() -> None:
+    policy = scheduler()
+    now = warm(policy, "a")
+    for _ in range(10):
+        for size in (1, 2, 4, 8):
+            policy.estimator.observe_exec("a", size, "v100", 50 * MS, at_ns=now)  # the model really takes 50 ms
+    policy.on_request(request(1, "a", now, slo_ms=60), now)
+    (busy,) = infers(policy.schedule(now))
+    policy.on_request(request(2, "a", now + MS, slo_ms=20), now + MS)  # cannot make it, and the lane is busy
+    (refused,) = policy.schedule(now + MS).responses
+    assert refused.request_id == 2 and "deadline cannot be met" in refused.reason and busy.request_ids == (1,)
 
 
 def test_a_spike_in_one_batch_size_s_estimate_pads_to_a_faster_size() -> None:

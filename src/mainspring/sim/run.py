@@ -13,6 +13,7 @@ from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response, ResponseStatus
 from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.registry import make_scheduler
+from mainspring.scheduler.timed import TimedScheduler
 from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
 from mainspring.telemetry.recorder import Recorder
 from mainspring.telemetry.report import RunReport, build_report
@@ -92,9 +93,9 @@ class _Run:
         ]
         rng = random.Random(_seed(config.seed, "scheduler"))
         # The margin covers the result's trip back, so that a batch planned to end on time is answered on time.
-        scheduler = make_scheduler(policy, by_name, specs, rng, deadline_margin_ns=config.network_latency_ns)
-        if wrap is not None:
-            scheduler = wrap(scheduler)
+        scheduler: Scheduler = make_scheduler(policy, by_name, specs, rng, deadline_margin_ns=config.network_latency_ns)
+        self.timed = TimedScheduler(scheduler)  # what a controller core pays for this policy, in every report
+        scheduler = self.timed if wrap is None else wrap(self.timed)
         links = {d.spec.device: self._link(d) for d in self.devices}
         self.controller = Controller(
             scheduler, self.loop.clock, links, self._on_answer, self._wakeup, observer=self.recorder
@@ -210,5 +211,6 @@ def simulate(
         wall_s=time.perf_counter() - started,
         events=run.loop.events_processed,
         labels=run.labels,
+        policy_cpu_ns=run.timed.cpu_ns,
     )
     return SimulationResult(report, run.recorder, run.devices, end, run.labels)

@@ -42,6 +42,9 @@ class RunReport:
     wall_s: float
     events: int
     by_label: dict[str, dict[str, float]]  # per workload part: requests, goodput_rps, slo_attainment
+    # the policy's own CPU time (its thread's), to size a controller: per request and per simulated second
+    policy_cpu_us_per_request: float = 0.0
+    policy_cpu_s_per_sim_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +71,7 @@ def build_report(
     wall_s: float,
     events: int = 0,
     labels: Mapping[int, str] | None = None,
+    policy_cpu_ns: int = 0,
 ) -> RunReport:
     """Summarise a finished run. Rates are per second of the arrival window ``duration_ns``."""
     rows = recorder.requests
@@ -114,6 +118,8 @@ def build_report(
         wall_s=wall_s,
         events=events,
         by_label=_by_label(rows, labels or {}, seconds),
+        policy_cpu_us_per_request=policy_cpu_ns / 1000 / max(len(rows), 1),
+        policy_cpu_s_per_sim_s=policy_cpu_ns / max(simulated_ns, 1),
     )
 
 
@@ -156,6 +162,8 @@ _ROWS: list[tuple[str, str]] = [
     ("load error p50/p99 (ms)", "{prediction_error_ms[load_p50]:+.3f} / {prediction_error_ms[load_p99]:+.3f}"),
     ("refused actions", "{refused_actions}"),
     ("simulated / wall (s)", "{simulated_s:.1f} / {wall_s:.2f}"),
+    ("policy CPU (us/request)", "{policy_cpu_us_per_request:.1f}"),
+    ("policy CPU (s / sim s)", "{policy_cpu_s_per_sim_s:.3f}"),
 ]
 
 

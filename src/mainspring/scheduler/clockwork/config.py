@@ -35,6 +35,10 @@ class ClockworkConfig:
     within its share keeps deadline order against models over theirs).
     ``spill_after``: a queued request that has waited this share of its SLO on a holder whose
     exec lane is booked marks its model for a new replica (None: never).
+    ``probe_after_ms``: a model that an idle holder refuses by its own estimates, and that has not
+    been measured for this long, gets one request run at once (a probe); the probe's measurement
+    replaces the estimate that refused it (None: never; then only ``estimate_max_age_s`` lifts
+    such a lockout).
     ``estimate_max_age_s``: measurements older than this stop counting (None: never), so one
     stall cannot lock a model out for good; models measured less often fall back to the profile."""
 
@@ -61,6 +65,7 @@ class ClockworkConfig:
     start_early: bool = False
     efficient_when_contended: bool = True
     spill_after: float | None = 0.5
+    probe_after_ms: float | None = 1000.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -76,6 +81,8 @@ class ClockworkConfig:
             problems.append(f"estimate_max_age_s={self.estimate_max_age_s} must be positive (or None)")
         if self.spill_after is not None and not 0 < self.spill_after < 1:
             problems.append(f"spill_after={self.spill_after} must lie in (0, 1) (or None)")
+        if self.probe_after_ms is not None and self.probe_after_ms <= 0:
+            problems.append(f"probe_after_ms={self.probe_after_ms} must be positive (or None)")
         if self.max_batch_size < 1:
             problems.append(f"max_batch_size={self.max_batch_size} must be at least 1")
         if problems:

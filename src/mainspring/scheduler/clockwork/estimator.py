@@ -147,6 +147,16 @@ class Estimator:
         self._add(self._entry(self._load, (model, kind), profiled), measured_ns, at_ns, True)
         self._add(self._ratio(self._load_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False)
 
+    def restart_exec(self, model: str, batch_size: int, kind: str, measured_ns: int, at_ns: int) -> None:
+        """A probe's measurement replaces the window: the whole window, so that neither older values
+        nor the kind's ratio (which lifts windows not yet full) keep the estimate that refused it."""
+        profiled = self._profiles[model].exec_ns[batch_size]
+        entry = self._entry(self._exec, (model, batch_size, kind), profiled)
+        entry.clear()
+        for _ in range(self._window):
+            self._add(entry, measured_ns, at_ns, True)
+        self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False)
+
     def _add(self, window: RollingPercentile, value: int, at_ns: int, whole: bool) -> None:
         self.generation += 1
         window.add(value)

@@ -58,11 +58,16 @@ class _Choice(NamedTuple):
     skip: int = 0  # most urgent requests passed over (they stay queued; see ``_keep_backlog_whole``)
 
 
+# A refusing estimate this far above the model's profile is taken for a stale stall and probed.
+STALE_OVER_PROFILE = 1.5
+
+
 @dataclass(slots=True)
 class _Flight:
     action: Action
     requests: list[Request]
     generation: int  # the model's residency the action was planned for
+    probe: bool = False  # run against the estimates: its measurement replaces them
 
 
 class ClockworkScheduler(PolicyBookkeeping):
@@ -91,6 +96,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         self._margin_ns = config.deadline_margin_ns
         self._in_flight: dict[int, _Flight] = {}
         self._stranded: set[str] = set()  # models whose oldest request waited past ``spill_after``
+        self._measured_ns: dict[str, int] = {}  # per model: its last exec measurement or probe
+        self._probes: list[Infer] = []  # issued by ``on_request``, handed out by the next ``schedule``
 
     # --- the contract ------------------------------------------------------------
     def on_request(self, request: Request, now_ns: int) -> None:
@@ -105,6 +112,8 @@ class ClockworkScheduler(PolicyBookkeeping):
             if not self.config.demand_counts_rejected:
                 self.admission.record(model, now_ns)
             self._enqueue(request)
+            return
+        if not refusal.overloaded and self._probe(request, now_ns):
             return
         self._answer(request, Outcome.OVERLOADED if refusal.overloaded else Outcome.DEADLINE_AT_ARRIVAL, refusal.reason)
         if model not in self.residency.holders and not refusal.overloaded:
@@ -121,13 +130,15 @@ class ClockworkScheduler(PolicyBookkeeping):
         if isinstance(action, Infer):
             if current:
                 device.unpin(action.model)
-            self._infer_done(action, flight.requests, result, device, current)
+            self._infer_done(action, flight.requests, result, device, current, flight.probe)
         elif isinstance(action, LoadWeights) and current:
             device.unpin(action.model)
             self._load_done(action, result, device)
 
     def schedule(self, now_ns: int) -> Decisions:
         decisions = Decisions()
+        decisions.actions.extend(a for a in self._probes if a.action_id in self._in_flight)  # not lost meanwhile
+        self._probes.clear()
         self._expire(now_ns)
         self.estimator.expire(now_ns)
         limit = now_ns + self.horizon_ns
@@ -181,6 +192,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             self.residency.release(device, model, self._pages_on(model, device))
         for part in (self.loads, self.admission, self.shapes, self.estimator):
             part.forget(model)
+        self._measured_ns.pop(model, None)
         self._forget_model(model)
 
     def _answer_everything(self, outcome: Outcome, reason: str) -> None:
@@ -432,16 +444,64 @@ class ClockworkScheduler(PolicyBookkeeping):
         decisions.actions.append(action)
         self._close_if_empty(model)
 
+    def _probe(self, request: Request, now_ns: int) -> bool:
+        """Run ``request`` at once, against the estimates, when an idle holder refuses it by them and
+        the model has not been measured for ``probe_after_ms``, if the model was never measured (the
+        figure is its profile, perhaps taken while the machine was busy) or its estimate lies far
+        above its profile (a stale stall): a model its estimates refuse is never measured again to
+        correct them. The probe's measurement replaces them (``_infer_done``)."""
+        after, model = self.config.probe_after_ms, request.model
+        last = self._measured_ns.get(model)
+        if after is None or (last is not None and now_ns - last < ms_to_ns(after)):
+            return False  # measured lately: the estimate is evidence, not a stale figure
+        idle = [
+            d
+            for d in self.residency.holding(model)
+            if not d.waiting and max(d.exec_lane.free_ns, d.ready_ns[model]) <= now_ns and model not in d.loading
+        ]
+        if not idle:
+            return False
+        device = idle[0]
+        profiled = min(self.profiles[model].exec_ns.values())
+        if last is not None and self.shapes.fastest_ns(model, device.kind) <= STALE_OVER_PROFILE * profiled:
+            return False  # measured, and near the profile: the model is that slow (probes would only answer late)
+        self._measured_ns[model] = now_ns
+        size = min(self.profiles[model].exec_ns)
+        expected = self.estimator.exec_ns(model, size, device.kind)
+        action = Infer(
+            action_id=self._new_action_id(),
+            device=device.spec.device,
+            model=model,
+            earliest_ns=now_ns,
+            latest_ns=now_ns + self._slack_ns,
+            expected_duration_ns=expected,
+            request_ids=(request.id,),
+            batch_size=size,
+        )
+        device.exec_lane.plan(action.action_id, now_ns, expected)
+        device.pin(model)
+        device.touch(model, now_ns)
+        self._in_flight[action.action_id] = _Flight(action, [request], device.generation[model], probe=True)
+        self._probes.append(action)
+        return True
+
     # --- results ---------------------------------------------------------------------
     def _infer_done(
-        self, action: Infer, batch: list[Request], result: ActionResult, device: DeviceState, current: bool
+        self,
+        action: Infer,
+        batch: list[Request],
+        result: ActionResult,
+        device: DeviceState,
+        current: bool,
+        probe: bool,
     ) -> None:
         if result.ok:
             assert result.timing is not None
             if current and not result.failed:  # isolating a failed input ran the batch again: not a measurement
                 timing = result.timing
-                measured = timing.duration_ns
-                self.estimator.observe_exec(action.model, action.batch_size, device.kind, measured, timing.end_ns)
+                observe = self.estimator.restart_exec if probe else self.estimator.observe_exec
+                observe(action.model, action.batch_size, device.kind, timing.duration_ns, timing.end_ns)
+                self._measured_ns[action.model] = max(self._measured_ns.get(action.model, 0), timing.end_ns)
             device.served.add(len(batch), result.timing.end_ns)
             self._answer_served(batch, result, action.action_id)
             return

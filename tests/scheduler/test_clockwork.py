@@ -245,14 +245,20 @@ def test_a_fleet_of_two_kinds_is_planned_with_each_kind_s_estimates() -> None:
     assert batch.device == 1 and batch.batch_size == 4 and batch.expected_duration_ns == 15 * MS
 
 
-def test_one_stall_does_not_lock_a_model_out_for_good() -> None:
-    policy = scheduler(estimate_max_age_s=1.0, probe_after_ms=None)  # default 60 s; without probes, ageing
+def stall(policy: ClockworkScheduler) -> int:
+    """Warm model "a", then measure one of its 2 ms batches at three seconds; returns that moment."""
     now = warm(policy, "a")
     policy.on_request(request(1, "a", now, slo_ms=100), now)
     (infer,) = infers(policy.schedule(now))
-    stalled = now + 3_000 * MS  # the machine stalled: three seconds for a 2 ms batch
+    stalled = now + 3_000 * MS
     policy.on_result(ok(infer.action_id, 0, now, stalled), stalled)
     policy.schedule(stalled)
+    return stalled
+
+
+def test_one_stall_does_not_lock_a_model_out_for_good() -> None:
+    policy = scheduler(estimate_max_age_s=1.0, probe_after_ms=None)  # default 60 s; without probes, ageing
+    stalled = stall(policy)
     policy.on_request(request(2, "a", stalled, slo_ms=100), stalled)
     (refused,) = policy.schedule(stalled).responses
     assert refused.status is ResponseStatus.REJECTED and "deadline cannot be met" in refused.reason
@@ -264,12 +270,7 @@ def test_one_stall_does_not_lock_a_model_out_for_good() -> None:
 
 def test_a_model_its_stale_estimates_refuse_is_probed_and_served_again() -> None:
     policy = scheduler()  # measurements count for 60 s; a probe at most every second
-    now = warm(policy, "a")
-    policy.on_request(request(1, "a", now, slo_ms=100), now)
-    (infer,) = infers(policy.schedule(now))
-    stalled = now + 3_000 * MS  # the machine stalled: three seconds for a 2 ms batch
-    policy.on_result(ok(infer.action_id, 0, now, stalled), stalled)
-    policy.schedule(stalled)
+    stalled = stall(policy)
     # just measured: the estimate is evidence, and refuses
     policy.on_request(request(2, "a", stalled, slo_ms=100), stalled)
     (refused,) = policy.schedule(stalled).responses

@@ -8,8 +8,9 @@ class too). Two ways to bring a model in:
 - ``docs``: read the model file from the repository on every load, as the peers' documentation
   shows (``torch.export.load`` of a resnet18 takes a few hundred ms here);
 - ``expert``: every model's weights are read once at start and kept in host memory; a load copies
-  them into the module being evicted when it has the same layout (``load_state_dict``, a few ms),
-  the best a user would build on the peer.
+  them into the module being evicted when it has the same layout (``load_state_dict``, 5 ms for
+  resnet18 here; a ``deepcopy`` of an exported module otherwise, 174 ms), the best a user would
+  build on the peer.
 
 Used only by the peer servers in this folder (run in their own environments).
 """
@@ -81,7 +82,8 @@ class Residency:
         if self.loading == "docs":
             return load_module(self.repo, model)[1]
         host = self._host[model]
-        if victim is not None and type(victim) is type(host) and _layout(victim) == _layout(host):
+        # the same layout is enough: exported modules of one architecture each get their own class
+        if victim is not None and _layout(victim) == _layout(host):
             with torch.no_grad():
                 victim.load_state_dict(host.state_dict())
             return victim

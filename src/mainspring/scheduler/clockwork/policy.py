@@ -426,23 +426,40 @@ class ClockworkScheduler(PolicyBookkeeping):
         for request in passed_over:
             queue.push(request)
         expected = self.estimator.exec_ns(model, choice.batch_size, device.kind)
-        tightest = min(r.deadline_ns for r in batch)
+        latest = min(min(r.deadline_ns for r in batch) - self._margin_ns - expected, start + self._slack_ns)
+        earliest = now_ns if self.config.start_early else start
+        action = self._dispatch_infer(device, batch, choice.batch_size, (earliest, start, latest), expected, now_ns)
+        decisions.actions.append(action)
+        self._close_if_empty(model)
+
+    def _dispatch_infer(
+        self,
+        device: DeviceState,
+        batch: list[Request],
+        batch_size: int,
+        window: tuple[int, int, int],  # earliest start, planned start, latest start (ns)
+        expected_ns: int,
+        now_ns: int,
+        probe: bool = False,
+    ) -> Infer:
+        """The Infer for ``batch`` on ``device``, booked on its exec lane and tracked until its result."""
+        earliest, start, latest = window
+        model = batch[0].model
         action = Infer(
             action_id=self._new_action_id(),
             device=device.spec.device,
             model=model,
-            earliest_ns=now_ns if self.config.start_early else start,
-            latest_ns=min(tightest - self._margin_ns - expected, start + self._slack_ns),
-            expected_duration_ns=expected,
+            earliest_ns=earliest,
+            latest_ns=latest,
+            expected_duration_ns=expected_ns,
             request_ids=tuple(r.id for r in batch),
-            batch_size=choice.batch_size,
+            batch_size=batch_size,
         )
-        device.exec_lane.plan(action.action_id, start, expected)
+        device.exec_lane.plan(action.action_id, start, expected_ns)
         device.pin(model)
         device.touch(model, now_ns)
-        self._in_flight[action.action_id] = _Flight(action, batch, device.generation[model])
-        decisions.actions.append(action)
-        self._close_if_empty(model)
+        self._in_flight[action.action_id] = _Flight(action, batch, device.generation[model], probe)
+        return action
 
     def _probe(self, request: Request, now_ns: int) -> bool:
         """Run ``request`` at once, against the estimates, when an idle holder refuses it by them and
@@ -466,23 +483,10 @@ class ClockworkScheduler(PolicyBookkeeping):
         if last is not None and self.shapes.fastest_ns(model, device.kind) <= STALE_OVER_PROFILE * profiled:
             return False  # measured, and near the profile: the model is that slow (probes would only answer late)
         self._measured_ns[model] = now_ns
-        size = min(self.profiles[model].exec_ns)
+        size = self.shapes.sizes(model)[0]
         expected = self.estimator.exec_ns(model, size, device.kind)
-        action = Infer(
-            action_id=self._new_action_id(),
-            device=device.spec.device,
-            model=model,
-            earliest_ns=now_ns,
-            latest_ns=now_ns + self._slack_ns,
-            expected_duration_ns=expected,
-            request_ids=(request.id,),
-            batch_size=size,
-        )
-        device.exec_lane.plan(action.action_id, now_ns, expected)
-        device.pin(model)
-        device.touch(model, now_ns)
-        self._in_flight[action.action_id] = _Flight(action, [request], device.generation[model], probe=True)
-        self._probes.append(action)
+        window = (now_ns, now_ns, now_ns + self._slack_ns)
+        self._probes.append(self._dispatch_infer(device, [request], size, window, expected, now_ns, probe=True))
         return True
 
     # --- results ---------------------------------------------------------------------

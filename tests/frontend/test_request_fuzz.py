@@ -54,6 +54,7 @@ def refused_with_400(error: InferenceError) -> None:
 @example(value=[{"name": "x", "datatype": "FP32", "shape": [2], "data": [[[[1.0]]], [[[2.0]]]]}], binary=b"")
 @example(value=[{"name": "0", "datatype": "BOOL", "shape": [0, 2**63], "data": []}], binary=b"")  # found: was a 500
 @example(value=[{"name": "x", "datatype": "INT8", "shape": [1], "data": [1e300]}], binary=b"")
+@example(value=[{"name": "0", "datatype": "FP16", "shape": [], "data": [65520.0]}], binary=b"")  # found: a 500
 def test_any_inputs_decode_to_tensors_of_their_shape_or_a_400(value: Any, binary: bytes) -> None:
     tensors, error = attempt(lambda: _inputs(value, binary, LIMITS))
     if error is not None:
@@ -107,3 +108,10 @@ def test_a_huge_shape_is_refused_before_anything_is_allocated() -> None:
     assert refused.value.status == 400
     tensor, count = decode_tensor("x", "FP32", [2, 3], list(range(6)), None, LIMITS)
     assert count == 6 and np.array_equal(tensor.data, np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+@pytest.mark.parametrize(("datatype", "value"), [("FP16", 65520.0), ("FP32", 1e300), ("INT8", 300), ("UINT8", -1)])
+def test_a_value_past_its_datatypes_range_is_a_400_naming_it(datatype: str, value: float) -> None:
+    with pytest.raises(InferenceError, match=f"out of range for {datatype}") as refused:
+        decode_tensor("x", datatype, [1], [value], None, LIMITS)
+    assert refused.value.status == 400

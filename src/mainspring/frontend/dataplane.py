@@ -292,8 +292,12 @@ def decode_tensor(
         array = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     else:
         try:
-            array = np.asarray(data, dtype=dtype)
-        except (TypeError, ValueError, OverflowError):
+            # A value past the datatype's range is the client's error, not an inf or a wrapped integer.
+            with np.errstate(over="raise", invalid="raise"):
+                array = np.asarray(data, dtype=dtype)
+        except (OverflowError, FloatingPointError):
+            raise InferenceError(400, f"input {name!r}: a value is out of range for {datatype}") from None
+        except (TypeError, ValueError):
             raise InferenceError(400, f"input {name!r}: data is not a list of {datatype} values") from None
         if array.size != count:
             raise InferenceError(400, f"input {name!r}: {array.size} values, shape {list(shape)} needs {count}")

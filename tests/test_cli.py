@@ -48,6 +48,9 @@ def test_simulate_writes_table_json_plots_and_logs(tmp_path: Path, capsys: pytes
         (["--workload", "sine"], "unknown workload 'sine'"),
         (["--trace", "/nonexistent/trace.csv"], "does not exist"),
         (["--models", "0"], "number of models must be positive"),
+        (["--warmup-s", "-1"], "--warmup-s must not be negative"),
+        (["--warmup-s", "30", "--trace-start-minute", "5"], "must be whole minutes, got 30"),
+        (["--warmup-s", "60"], "the trace has no minute before 0"),
     ],
 )
 def test_bad_flags_give_one_clear_line(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -55,6 +58,22 @@ def test_bad_flags_give_one_clear_line(extra: list[str], message: str, capsys: p
         main([*SMALL, *extra])
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_warm_up_is_served_but_not_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    window = [*SMALL, "--policy", "triton", "--trace-start-minute", "5"]
+    assert main([*window, "--json", str(tmp_path / "cold.json")]) == 0
+    assert main([*window, "--warmup-s", "60", "--json", str(tmp_path / "warm.json"), "--log-dir", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "from minute 4" in table and "counted after a 60 s warm-up" in table
+    (cold,) = json.loads((tmp_path / "cold.json").read_text())["results"]
+    (warm,) = json.loads((tmp_path / "warm.json").read_text())["results"]
+    arrivals = [int(line.split("\t")[2]) for line in (tmp_path / "triton-requests.tsv").read_text().splitlines()[1:]]
+    counted = sum(1 for t in arrivals if t >= 60 * 10**9)
+    assert warm["warmup_s"] == 60 and 0 < counted == warm["requests"] < len(arrivals)  # the log keeps the warm-up
+    assert warm["offered_rps"] == pytest.approx(counted / 20)
+    # Every model starts cold at time 0: counted warm, the same window sees far fewer cold starts.
+    assert warm["cold_starts"] < cold["cold_starts"] / 2
 
 
 def test_malformed_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

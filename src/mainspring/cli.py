@@ -31,6 +31,13 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         "--profiles", type=Path, help="profile file or profiled model repository (default: Clockwork's V100 profiles)"
     )
     add_workload_arguments(p, default="azure", rate=1000.0)
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=0.0,
+        help="serve this long before counting (every model starts cold); azure: whole minutes, the replay starts "
+        "that much before --trace-start-minute (default 0)",
+    )
     p.add_argument("--noise", choices=("default", "exact"), default="default", help="duration noise model")
     p.add_argument("--device-memory-gib", type=float, default=32.0, help="weight pool per device (default 32)")
     p.add_argument("--page-mib", type=int, default=16, help="page size (default 16 MiB)")
@@ -74,8 +81,11 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
         raise CliError(f"--duration-s must be positive, got {args.duration_s}")
     if args.slo_ms <= 0:
         raise CliError(f"--slo-ms must be positive, got {args.slo_ms}")
+    if args.warmup_s < 0:
+        raise CliError(f"--warmup-s must not be negative, got {args.warmup_s}")
     return SimulationConfig(
         duration_ns=s_to_ns(args.duration_s),
+        warmup_ns=s_to_ns(args.warmup_s),
         devices=args.devices,
         pool_bytes=int(args.device_memory_gib * 1024 * MIB),
         page_bytes=args.page_mib * MIB,
@@ -119,7 +129,7 @@ def _simulate_with_progress(
 ) -> SimulationResult:
     from tqdm import tqdm
 
-    total_s = config.duration_ns / NS_PER_S
+    total_s = config.arrival_window_ns / NS_PER_S
     with tqdm(total=round(total_s, 1), desc=policy, unit="sim s", delay=2.0, disable=quiet, file=sys.stderr) as bar:
 
         def advance(now_ns: int) -> None:

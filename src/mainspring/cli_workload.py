@@ -35,12 +35,26 @@ def add_workload_arguments(p: argparse.ArgumentParser, default: str, rate: float
     p.add_argument("--seed", type=int, default=1)
 
 
+def _replay_start_minute(args: argparse.Namespace) -> int:
+    """Where the replay begins: a warm-up (``simulate --warmup-s``) replays the minutes before the window."""
+    warmup_s = getattr(args, "warmup_s", 0.0)
+    minutes, rest = divmod(warmup_s, 60)
+    if rest:
+        raise CliError(f"--warmup-s with the azure workload must be whole minutes, got {warmup_s:g}")
+    if minutes > args.trace_start_minute:
+        raise CliError(
+            f"--warmup-s {warmup_s:g} replays {minutes:g} minute(s) before --trace-start-minute "
+            f"{args.trace_start_minute}; the trace has no minute before 0"
+        )
+    return int(args.trace_start_minute - minutes)
+
+
 def workload_from(args: argparse.Namespace) -> Workload:
     name = args.workload
     if name == "azure":
         if args.trace is not None and not args.trace.is_file():
             raise CliError(f"trace file {args.trace} does not exist")
-        return AzureTrace(args.trace, args.trace_scale, args.trace_start_minute)
+        return AzureTrace(args.trace, args.trace_scale, _replay_start_minute(args))
     if name == "poisson":
         return PoissonOpenLoop(args.rate, args.popularity)
     if name == "bursty":

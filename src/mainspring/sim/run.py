@@ -37,6 +37,9 @@ class SimulationConfig:
     noise: NoiseModel = field(default_factory=NoiseModel)
     drain_ns: int = 30 * NS_PER_S  # after the arrival window: time to finish what is queued
     network_latency_ns: int = 0
+    # Arrivals run for warmup_ns + duration_ns; the report counts only those from warmup_ns on, so
+    # a short window is measured warm as in a long replay (every model starts cold at time 0).
+    warmup_ns: int = 0
 
     def __post_init__(self) -> None:
         problems = [
@@ -44,12 +47,18 @@ class SimulationConfig:
             for name in ("duration_ns", "devices", "slo_ns", "pool_bytes", "page_bytes")
             if getattr(self, name) <= 0
         ]
-        if self.drain_ns < 0 or self.network_latency_ns < 0:
-            problems.append(
-                f"drain_ns={self.drain_ns} and network_latency_ns={self.network_latency_ns} must not be negative"
-            )
+        problems += [
+            f"{name}={getattr(self, name)} must not be negative"
+            for name in ("drain_ns", "network_latency_ns", "warmup_ns")
+            if getattr(self, name) < 0
+        ]
         if problems:
             raise ValueError("bad simulation config: " + "; ".join(problems))
+
+    @property
+    def arrival_window_ns(self) -> int:
+        """How long arrivals run: the warm-up, then the counted window."""
+        return self.warmup_ns + self.duration_ns
 
     def device_specs(self) -> list[DeviceSpec]:
         return [DeviceSpec(i, self.device_kind, self.pool_bytes, self.page_bytes) for i in range(self.devices)]
@@ -174,7 +183,7 @@ def _seed(seed: int, purpose: str) -> int:
 
 def generate_arrivals(workload: Workload, profiles: Sequence[ModelProfile], config: SimulationConfig) -> list[Arrival]:
     """The arrival sequence for a seed: generate once, replay for every policy."""
-    return list(workload.arrivals(profiles, config.duration_ns, random.Random(_seed(config.seed, "workload"))))
+    return list(workload.arrivals(profiles, config.arrival_window_ns, random.Random(_seed(config.seed, "workload"))))
 
 
 def simulate(
@@ -190,14 +199,14 @@ def simulate(
     started = time.perf_counter()
     run = _Run(policy, profiles, workload, config, wrap)
     run.start(arrivals if arrivals is not None else generate_arrivals(workload, profiles, config))
-    limit = config.duration_ns + config.drain_ns
+    limit = config.arrival_window_ns + config.drain_ns
     step = NS_PER_S
     horizon = 0
     while not run.done() and horizon < limit:
         horizon = min(horizon + step, limit)
         run.loop.run(until_ns=horizon, stop=run.done)
         if progress is not None:
-            progress(min(run.loop.now_ns(), config.duration_ns))
+            progress(min(run.loop.now_ns(), config.arrival_window_ns))
     run.controller.shutdown("the simulation ended before this request was answered")
     end = run.loop.now_ns()
     report = build_report(
@@ -208,6 +217,7 @@ def simulate(
         models=len(profiles),
         duration_ns=config.duration_ns,
         simulated_ns=end,
+        counted_from_ns=config.warmup_ns,
         wall_s=time.perf_counter() - started,
         events=run.loop.events_processed,
         labels=run.labels,

@@ -45,6 +45,7 @@ class RunReport:
     # the policy's own CPU time (its thread's), to size a controller: per request and per simulated second
     policy_cpu_us_per_request: float = 0.0
     policy_cpu_s_per_sim_s: float = 0.0
+    warmup_s: float = 0.0  # arrivals before this were served but not counted
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,9 +73,12 @@ def build_report(
     events: int = 0,
     labels: Mapping[int, str] | None = None,
     policy_cpu_ns: int = 0,
+    counted_from_ns: int = 0,
 ) -> RunReport:
-    """Summarise a finished run. Rates are per second of the arrival window ``duration_ns``."""
-    rows = recorder.requests
+    """Summarise a finished run. Rates are per second of the arrival window ``duration_ns``; with
+    ``counted_from_ns`` (a warm-up), only requests that arrived and actions that began from then on."""
+    rows = [r for r in recorder.requests if r.arrival_ns >= counted_from_ns] if counted_from_ns else recorder.requests
+    actions = [a for a in recorder.actions if a.sent_ns >= counted_from_ns] if counted_from_ns else recorder.actions
     seconds = max(duration_ns, 1) / NS_PER_S
     success = ResponseStatus.SUCCESS.value
     counts = {status.value: 0 for status in ResponseStatus}
@@ -82,7 +86,7 @@ def build_report(
         counts[row.status] += 1
     good = sum(1 for r in rows if r.good)
     latencies = [ns_to_ms(r.latency_ns) for r in rows if r.status == success]
-    ok_actions = [a for a in recorder.actions if a.status == "ok"]
+    ok_actions = [a for a in actions if a.status == "ok"]
     busy_ns = sum(a.end_ns - a.begin_ns for a in ok_actions if a.kind == "infer")
     errors: dict[str, list[float]] = {"infer": [], "load": []}
     for a in ok_actions:
@@ -98,7 +102,7 @@ def build_report(
         devices=devices,
         models=models,
         requests=len(rows),
-        offered_rps=recorder.received / seconds,
+        offered_rps=(recorder.received if not counted_from_ns else len(rows)) / seconds,
         throughput_rps=counts[success] / seconds,
         goodput_rps=good / seconds,
         slo_attainment=good / len(rows) if rows else 1.0,
@@ -111,15 +115,16 @@ def build_report(
         cold_starts=sum(1 for r in rows if r.cold),
         loads=sum(1 for a in ok_actions if a.kind == "load"),
         evictions=sum(1 for a in ok_actions if a.kind == "evict"),
-        device_busy=busy_ns / (max(simulated_ns, 1) * max(devices, 1)),
+        device_busy=busy_ns / (max(simulated_ns - counted_from_ns, 1) * max(devices, 1)),
         prediction_error_ms=prediction,
-        refused_actions=len(recorder.actions) - len(ok_actions),
+        refused_actions=len(actions) - len(ok_actions),
         simulated_s=simulated_ns / NS_PER_S,
         wall_s=wall_s,
         events=events,
         by_label=_by_label(rows, labels or {}, seconds),
-        policy_cpu_us_per_request=policy_cpu_ns / 1000 / max(len(rows), 1),
+        policy_cpu_us_per_request=policy_cpu_ns / 1000 / max(len(recorder.requests), 1),  # warm-up included
         policy_cpu_s_per_sim_s=policy_cpu_ns / max(simulated_ns, 1),
+        warmup_s=counted_from_ns / NS_PER_S,
     )
 
 
@@ -177,7 +182,9 @@ def format_table(reports: Sequence[RunReport]) -> str:
         cells = [f"{r.by_label[part]['slo_attainment']:.4%}" if part in r.by_label else "-" for r in reports]
         body.append([f"attainment [{part}]", *cells])
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    lines = [f"{reports[0].workload}; {reports[0].models} models on {reports[0].devices} devices"]
+    first = reports[0]
+    warmup = f"; counted after a {first.warmup_s:g} s warm-up" if first.warmup_s else ""
+    lines = [f"{first.workload}; {first.models} models on {first.devices} devices{warmup}"]
     for row in [header, *body]:
         cells = [
             cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))

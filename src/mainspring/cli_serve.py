@@ -78,7 +78,7 @@ def run_worker(args: argparse.Namespace) -> int:
     from mainspring.models.repository import ModelRepository
     from mainspring.transport.security import SECRET_ENV
     from mainspring.worker.pages import MIB
-    from mainspring.worker.process import CONTROLLER_GONE, WorkerConnection
+    from mainspring.worker.process import START_OVER, WorkerConnection
     from mainspring.worker.runtimes.torch_device import ExecSettings
     from mainspring.worker.torch_worker import TorchWorker
 
@@ -94,11 +94,13 @@ def run_worker(args: argparse.Namespace) -> int:
     )
     signal.signal(signal.SIGTERM, lambda *_: connection.stop())
     signal.signal(signal.SIGINT, lambda *_: connection.stop())
-    outcome = connection.serve(parent_pid=args.parent_pid, controller_timeout_s=args.controller_timeout_s)
-    if outcome == CONTROLLER_GONE and args.parent_pid is None:
-        # A remote worker outlives its controller: start over (an empty weight pool, nothing in flight,
-        # as the next controller expects) and say hello to whichever controller binds the address next.
-        logging.getLogger(__name__).warning("controller gone; starting over to join the next one")
+    # A remote worker outlives its controller: it rejoins whichever controller binds the address next,
+    # keeping its weights; a local one exits with its parent (or is restarted by it).
+    remote = args.parent_pid is None
+    outcome = connection.serve(args.parent_pid, args.controller_timeout_s, rejoin=remote)
+    if outcome == START_OVER and remote:
+        # A hung lane: only a fresh process (an empty weight pool, nothing in flight) recovers it.
+        logging.getLogger(__name__).warning("starting over in a fresh process")
         os.execv(sys.executable, [sys.executable, "-m", "mainspring.cli", *sys.argv[1:]])
     if (
         args.parent_pid is not None

@@ -159,3 +159,21 @@ def test_a_late_result_of_a_model_removed_and_added_again_is_ignored(policy: str
     h.run_until_quiet(h.now + 200 * MS)
     assert h.answers[2].status is ResponseStatus.ERROR and "unloaded" in h.answers[2].reason
     assert h.answers[3].status is ResponseStatus.SUCCESS
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_device_that_joins_holding_weights_serves_them_without_a_load(policy: str) -> None:
+    # A worker rejoining a restarted controller reports what it holds; models the controller does not
+    # serve are ignored. The pool fits one model: serving "b" must evict "a" first (its pages are booked).
+    h = Harness(policy, [0])
+    h.members.remove_device(0, 0)
+    h.members.add_device(DeviceSpec(1, "v100", 2 * PAGE, PAGE, resident=("retired", "a")))
+    h.policy.on_request(request(1, "a", 0, slo_ms=500), 0)
+    h.run_until_quiet(400 * MS)
+    assert h.answers[1].status is ResponseStatus.SUCCESS
+    assert [type(a).__name__ for a in h.sent] == ["Infer"]
+    h.policy.on_request(request(2, "b", h.now, slo_ms=500), h.now)
+    h.run_until_quiet(h.now + 400 * MS)
+    assert h.answers[2].status is ResponseStatus.SUCCESS
+    kinds = [(type(a).__name__, a.model) for a in h.sent[1:]]
+    assert kinds.index(("EvictWeights", "a")) < kinds.index(("LoadWeights", "b")), kinds

@@ -117,10 +117,18 @@ class MembershipMachine(RuleBasedStateMachine):
         self.step()
 
     @precondition(lambda self: len(self.devices) < 4)
-    @rule()
-    def add_device(self) -> None:
-        self.devices[self.next_device] = _FakeDevice()
-        self.members.add_device(DeviceSpec(self.next_device, "v100", POOL_PAGES * PAGE, PAGE))
+    @rule(data=st.data())
+    def join(self, data: st.DataObject) -> None:
+        # It may already hold weights (a worker rejoining a restarted controller): any served models that fit.
+        self.add_device(data.draw(st.lists(st.sampled_from(sorted(self.models)), unique=True)) if self.models else [])
+
+    def add_device(self, held: list[str] | None = None) -> None:
+        device = self.devices[self.next_device] = _FakeDevice()
+        for model in held or []:
+            if sum(device.resident.values()) + MODELS[model].pages(PAGE) <= POOL_PAGES:
+                device.resident[model] = MODELS[model].pages(PAGE)
+        spec = DeviceSpec(self.next_device, "v100", POOL_PAGES * PAGE, PAGE, resident=tuple(device.resident))
+        self.members.add_device(spec)
         self.next_device += 1
         self.step()
 

@@ -17,10 +17,15 @@ from tests.serving.processes import ServerProcess, child_pids, http_call, start_
 from tests.serving.test_worker_loss import body, wait_for
 
 
-def restarts(server: ServerProcess) -> float:
+def metric(server: ServerProcess, name: str) -> float:
+    """The sum of a metric's samples (0 when it has none yet)."""
     _, text = http_call(f"http://{server.http}/metrics")
     families = {f.name: f for f in text_string_to_metric_families(text.decode())}
-    return families["mainspring_worker_restarts"].samples[0].value
+    return sum(s.value for s in families[name].samples if s.name.endswith("_total") or s.name == name)
+
+
+def restarts(server: ServerProcess) -> float:
+    return metric(server, "mainspring_worker_restarts")
 
 
 def test_a_killed_local_worker_is_started_again(small_zoo: ModelRepository, tmp_path: Path) -> None:
@@ -77,6 +82,7 @@ def test_a_remote_worker_joins_the_next_controller(small_zoo: ModelRepository, t
         first = controller(1)
         worker = start_worker(first.worker_address, tmp_path / "repo", "remote", tmp_path / "worker.log")
         wait_for(lambda: serves(first), 120)
+        assert metric(first, "mainspring_loads") >= 1
         current.append(first)
         for thread in clients:
             thread.start()
@@ -87,6 +93,8 @@ def test_a_remote_worker_joins_the_next_controller(small_zoo: ModelRepository, t
         second = controller(2)
         current[0] = second
         wait_for(lambda: serves(second), 120)
+        # The worker kept its weights and told the new controller: mlp was served with no load.
+        assert metric(second, "mainspring_loads") == 0
         restarted = len(answers)
         time.sleep(1.0)
         stop_clients.set()
@@ -106,8 +114,10 @@ def test_a_remote_worker_joins_the_next_controller(small_zoo: ModelRepository, t
         second.process.wait()
         third = controller(3)
         wait_for(lambda: serves(third), 120)
-        assert worker.poll() is None  # one worker process all along (it started over in place)
-        assert (tmp_path / "worker.log").read_text().count("starting over to join the next one") == 2
+        assert worker.poll() is None  # one worker process all along
+        assert (tmp_path / "worker.log").read_text().count("rejoining") >= 2
+        assert metric(third, "mainspring_loads") == 0
+        assert "already holding 1 model(s)" in (tmp_path / "server3.log").read_text()
     finally:
         stop_clients.set()
         if worker is not None:

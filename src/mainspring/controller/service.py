@@ -209,9 +209,11 @@ class ControllerService:
             self._links[global_id] = _DeviceLink(handle, spec.device)
             self._global_id[key, spec.device] = global_id
             self._devices_of.setdefault(key, []).append(global_id)
-            self._membership.add_device(DeviceSpec(global_id, spec.kind, spec.pool_bytes, spec.page_bytes))
+            self._membership.add_device(msgspec.structs.replace(spec, device=global_id))
         self._update_gauges()
-        log.info("worker %s joined: %d device(s), models %s", handle.name, len(devices), sorted(self.models))
+        held = sum(len(spec.resident) for spec in devices)
+        log.info("worker %s joined: %d device(s) already holding %d model(s); models %s",
+                 handle.name, len(devices), held, sorted(self.models))  # fmt: skip
         self.worker_joined.set()
         if self._watchdog is None:
             self._watchdog = self.loop.create_task(self._watch_actions())
@@ -235,7 +237,7 @@ class ControllerService:
                           "dropping the worker", link.handle.name, type(action).__name__, action.action_id,
                           device, late_s)  # fmt: skip
                 self.metrics.hung_actions.inc()
-                link.handle.close(f"action {action.action_id} did not report in time: start over")
+                link.handle.close(f"action {action.action_id} did not report in time: start over", start_over=True)
                 self.on_lost(link.handle)
 
     def on_result(self, handle: WorkerHandle, result: ActionResult) -> None:

@@ -8,12 +8,14 @@ from mainspring.worker.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
 
 
 class DeviceSpec(msgspec.Struct, frozen=True):
-    """One device: its id, kind (matches ``ModelProfile.device_kind``) and weight pool."""
+    """One device: its id, kind (matches ``ModelProfile.device_kind``), weight pool, and the models
+    whose weights it already holds (a worker that rejoins a restarted controller keeps them)."""
 
     device: int
     kind: str = "v100"
     pool_bytes: int = DEFAULT_POOL_BYTES
     page_bytes: int = DEFAULT_PAGE_BYTES
+    resident: tuple[str, ...] = ()
 
     @property
     def total_pages(self) -> int:

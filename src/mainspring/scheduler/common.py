@@ -46,6 +46,17 @@ class PolicyBookkeeping:
             pages = self._pages[key] = self.profiles[model].pages(spec.page_bytes)
         return pages
 
+    def adoptable(self, spec: DeviceSpec) -> list[tuple[str, int]]:
+        """The models a joining device already holds that this policy serves, with their pages, in the
+        order reported, as many as fit its pool (``add_device``: a worker rejoining a restarted
+        controller keeps its weights, and the policy books them as loaded)."""
+        adopted, free = [], spec.total_pages
+        for model in dict.fromkeys(spec.resident):
+            if model in self.profiles and (pages := self.pages_of(model, spec)) <= free:
+                adopted.append((model, pages))
+                free -= pages
+        return adopted
+
     def add_model(self, profile: ModelProfile) -> None:
         """Serve a new model (``Membership``); its profile is all a policy needs to plan it."""
         if profile.model in self.profiles:

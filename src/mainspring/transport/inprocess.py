@@ -65,7 +65,7 @@ class InProcessWorker:
             reply = ModelReply(op_id, model, error=str(error))
         self._loop.call_soon_threadsafe(self._events.on_model_reply, self, reply)
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, start_over: bool = False) -> None:
         if not self.closed:
             self.closed = True
             self.worker.close()

@@ -78,6 +78,7 @@ class ModelOp(msgspec.Struct, frozen=True, tag=True):
 
 class Bye(msgspec.Struct, frozen=True, tag=True):
     reason: str = ""
+    start_over: bool = False  # the worker must restart its process (a lane hung), not just rejoin
 
 
 Message = Hello | Result | Pong | ModelReply | Act | Ping | ModelOp | Bye

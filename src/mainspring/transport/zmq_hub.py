@@ -63,9 +63,9 @@ class RemoteWorker:
     def model_op(self, op_id: int, op: str, model: str) -> None:
         self._hub.send(self, ModelOp(op_id, op, model))
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, start_over: bool = False) -> None:
         """Say bye and stop pinging: the worker leaves on its own, which is not a loss."""
-        self._hub.send(self, Bye(reason))
+        self._hub.send(self, Bye(reason, start_over))
         self._hub.forget(self)
 
 
@@ -88,9 +88,13 @@ class WorkerHub:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown or gone peer raises instead of dropping
+        # A worker that reconnects (a new socket, the same name) takes its name over from the old connection,
+        # which may not have closed yet; without this the new one is ignored.
+        self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._secret = secret
         self._authenticator: AsyncioAuthenticator | None = None
         self._workers: dict[bytes, RemoteWorker] = {}
+        self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -107,6 +111,7 @@ class WorkerHub:
         log.info("waiting for workers on %s", self.endpoint)
 
     async def close(self, reason: str = "controller shutting down") -> None:
+        self._closing = True
         for worker in list(self._workers.values()):
             worker.close(reason)
         await asyncio.sleep(0.05)  # let the byes leave
@@ -151,6 +156,8 @@ class WorkerHub:
         now = self._clock.now_ns()
         worker = self._workers.get(identity)
         if isinstance(message, Hello):
+            if self._closing:
+                return  # a worker rejoining too soon: it says hello again, to the next controller
             if worker is not None and worker.joined:
                 self._lose(worker)  # the same worker restarted: what it had in flight is gone
             worker = self._workers[identity] = RemoteWorker(self, identity, message, now)

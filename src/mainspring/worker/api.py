@@ -53,6 +53,10 @@ class Worker(Protocol):
 
     def unregister(self, model: str) -> None: ...
 
+    def resident_models(self, device: int) -> frozenset[str]:
+        """Models whose weights ``device`` (this worker's id) holds now."""
+        ...
+
     def submit(self, action: Action, inputs: Sequence[Sample] | None = None) -> None: ...
 
     def close(self) -> None: ...
@@ -153,6 +157,9 @@ class EmulatedWorker:
 
     def unregister(self, model: str) -> None:
         self._profiles.pop(model, None)
+
+    def resident_models(self, device: int) -> frozenset[str]:
+        return self._devices[device].resident_models
 
     def _echo(self, result: ActionResult) -> None:
         inputs = self._inputs.pop(result.action_id, None)

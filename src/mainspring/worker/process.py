@@ -4,8 +4,14 @@ One I/O thread owns the socket. Results come from the lane threads through a que
 a self-pipe that wakes the poller, so a result leaves as soon as it is ready. Pings are
 answered at once with this process's clock (the controller estimates the offset).
 Model loads and unloads from the repository API run on their own thread so that a slow
-registration never delays a ping or a result. ``serve`` returns ``CONTROLLER_GONE`` when the
-controller said bye or fell silent (``mainspring worker`` then starts over, to join the next one).
+registration never delays a ping or a result.
+
+When the controller says bye or falls silent, a worker that may ``rejoin`` lets its actions in
+flight finish (their results are dropped: the next controller never sent them), then says hello
+again on a new socket, listing the models each device still holds, so a restarted controller
+picks up where the weights are instead of loading everything again. ``serve`` returns
+``START_OVER`` instead when the controller asks for a fresh process (a lane hung) or the actions
+in flight do not finish (``mainspring worker`` then re-executes itself).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import zmq
 
 from mainspring.models.repository import ModelLoadError
@@ -46,7 +53,9 @@ from mainspring.worker.api import Worker, model_info
 log = logging.getLogger(__name__)
 
 Outgoing = tuple[Message, list[Any] | None]
-STOPPED, CONTROLLER_GONE = "stopped", "controller gone"
+STOPPED, CONTROLLER_GONE, START_OVER = "stopped", "controller gone", "start over"
+HELLO_RETRY_S = 1.0  # a hello can reach a controller that is closing: say it again until one answers
+DRAIN_TIMEOUT_S = 15.0  # longer than any action waits for its window (the executor's 10 s) plus its run
 
 
 class WorkerConnection:
@@ -68,6 +77,8 @@ class WorkerConnection:
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         self._stop = threading.Event()
+        self._in_flight: set[int] = set()  # action ids submitted and not yet reported
+        self._in_flight_lock = threading.Lock()
         self.worker = make_worker(self._on_result)
 
     def _send_later(self, message: Message, samples: list[Any] | None = None) -> None:
@@ -76,6 +87,8 @@ class WorkerConnection:
             os.write(self._wake_write, b"x")
 
     def _on_result(self, result: ActionResult) -> None:
+        with self._in_flight_lock:
+            self._in_flight.discard(result.action_id)
         # Outputs travel as tensor frames, not inside the header.
         bare = ActionResult(
             result.action_id, result.device, result.status, result.timing, result.message, failed=result.failed
@@ -91,10 +104,40 @@ class WorkerConnection:
         self._stop.set()
         self._send_later(Bye())
 
-    def serve(self, parent_pid: int | None = None, controller_timeout_s: float | None = None) -> str:
+    def serve(
+        self, parent_pid: int | None = None, controller_timeout_s: float | None = None, rejoin: bool = False
+    ) -> str:
         """Say hello, then relay actions and results until ``stop()`` or the parent process dies
         (``STOPPED``), or the controller says bye or, once heard, is silent for ``controller_timeout_s``
-        (``CONTROLLER_GONE``)."""
+        (``CONTROLLER_GONE``; with ``rejoin``, say hello again instead, or ``START_OVER``)."""
+        try:
+            while True:
+                outcome = self._session(parent_pid, controller_timeout_s)
+                if outcome != CONTROLLER_GONE or not rejoin:
+                    return outcome
+                if not self._drain(DRAIN_TIMEOUT_S):
+                    log.warning("actions still in flight after %.0f s; starting over", DRAIN_TIMEOUT_S)
+                    return START_OVER
+                log.info("rejoining %s with the weights held now", self.address)
+        finally:
+            self.worker.close()
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+
+    def _drain(self, timeout_s: float) -> bool:
+        """Wait for the actions in flight to report, then drop everything the old controller was owed."""
+        deadline = time.monotonic() + timeout_s
+        while self._in_flight and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.02)
+        while True:
+            try:
+                self._outgoing.get_nowait()
+            except queue.Empty:
+                break
+        return not self._in_flight
+
+    def _session(self, parent_pid: int | None, controller_timeout_s: float | None) -> str:
+        """One connection to the controller, from hello to stop or the controller's going."""
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 1000)
@@ -103,6 +146,7 @@ class WorkerConnection:
             secure_worker(sock, self._secret)
         sock.connect(self.address)
         sock.send_multipart(encode(self._hello()))
+        said_hello = time.monotonic()
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
@@ -123,6 +167,9 @@ class WorkerConnection:
                     log.warning("controller silent for %.1f s", time.monotonic() - heard)
                     outcome = CONTROLLER_GONE
                     break
+                if heard is None and time.monotonic() - said_hello > HELLO_RETRY_S:
+                    sock.send_multipart(encode(self._hello()))
+                    said_hello = time.monotonic()
                 if self._wake_read in events:
                     os.read(self._wake_read, 4096)
                 while True:
@@ -135,28 +182,31 @@ class WorkerConnection:
                     sock.send_multipart(encode(message, samples), copy=False)
                 while sock.poll(0, zmq.POLLIN):
                     heard = time.monotonic()
-                    if not self._handle(sock, sock.recv_multipart(copy=True)):
-                        outcome = CONTROLLER_GONE
-                        self._stop.set()
-                        break
+                    said_bye = self._handle(sock, sock.recv_multipart(copy=True))
+                    if said_bye is not None:
+                        return said_bye
         finally:
-            self.worker.close()
             sock.close()
-            os.close(self._wake_read)
-            os.close(self._wake_write)
         return outcome
 
     def _hello(self) -> Hello:
         models = [model_info(self.worker, m) for m in self.worker.profiles()]
-        return Hello(self.name, list(self.worker.devices), models, dict(self.worker.load_errors))
+        devices = [
+            msgspec.structs.replace(spec, resident=tuple(sorted(self.worker.resident_models(spec.device))))
+            for spec in self.worker.devices
+        ]
+        return Hello(self.name, devices, models, dict(self.worker.load_errors))
 
-    def _handle(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
+    def _handle(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> str | None:
+        """Act on one message; the outcome if the controller said bye."""
         try:
             message, samples = decode(frames)
         except CodecError as error:  # the controller speaks another version, or a bug: drop it, keep serving
             log.warning("dropped a message from the controller: %s", error)
-            return True
+            return None
         if isinstance(message, Act):
+            with self._in_flight_lock:
+                self._in_flight.add(message.action.action_id)
             self.worker.submit(message.action, samples)
         elif isinstance(message, Ping):
             sock.send_multipart(encode(Pong(message.controller_ns, self._clock.now_ns())))
@@ -164,8 +214,8 @@ class WorkerConnection:
             threading.Thread(target=self._model_op, args=(message,), name="model-op", daemon=True).start()
         elif isinstance(message, Bye):
             log.info("controller said bye: %s", message.reason)
-            return False
-        return True
+            return START_OVER if message.start_over else CONTROLLER_GONE
+        return None
 
     def _model_op(self, op: ModelOp) -> None:
         try:

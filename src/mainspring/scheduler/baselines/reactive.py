@@ -134,12 +134,19 @@ class ReactiveScheduler(PolicyBookkeeping):
     def add_device(self, spec: DeviceSpec) -> None:
         if spec.device in self._devices:
             raise ValueError(f"device {spec.device} is already known")
-        self._devices[spec.device] = _Device(spec, spec.total_pages)
+        device = self._devices[spec.device] = _Device(spec, spec.total_pages)
+        for model, pages in self.adoptable(spec):
+            # One placement per model: a copy on a second device is kept (its pages are taken) but
+            # unused until evicted.
+            device.resident[model] = -1
+            device.free_pages -= pages
+            self._placement.setdefault(model, spec.device)
 
     def remove_device(self, device: int, now_ns: int) -> None:
         gone = self._devices.pop(device)
         for model in [*gone.resident, *gone.loading]:
-            self._placement.pop(model, None)
+            if self._placement.get(model) == device:
+                del self._placement[model]
         for action_id, action in list(self._in_flight.items()):
             if action.device != device:
                 continue
@@ -166,12 +173,12 @@ class ReactiveScheduler(PolicyBookkeeping):
                 for request in self._batches.get(action_id, []):
                     self._answer(request, Outcome.MODEL_UNLOADED, reason)
                 self._batches[action_id] = []
-        device_id = self._placement.pop(model, None)
-        if device_id is not None:
-            device = self._devices[device_id]
-            device.resident.pop(model, None)
-            device.loading.discard(model)
-            device.free_pages += self.pages_of(model, device.spec)
+        self._placement.pop(model, None)
+        for device in self._devices.values():  # every copy: one adopted from a rejoining worker too
+            if model in device.resident or model in device.loading:
+                device.resident.pop(model, None)
+                device.loading.discard(model)
+                device.free_pages += self.pages_of(model, device.spec)
         self._forget_model(model)
 
     # --- steps -----------------------------------------------------------------
@@ -202,7 +209,8 @@ class ReactiveScheduler(PolicyBookkeeping):
         _, device, victims = best
         for victim in victims:
             del device.resident[victim]
-            del self._placement[victim]
+            if self._placement.get(victim) == device.spec.device:
+                del self._placement[victim]
             device.free_pages += self.pages_of(victim, device.spec)
             decisions.actions.append(self._action(EvictWeights, device, victim, now_ns, 0))
         device.free_pages -= self.pages_of(model, device.spec)

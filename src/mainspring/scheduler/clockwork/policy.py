@@ -156,6 +156,9 @@ class ClockworkScheduler(PolicyBookkeeping):
     # --- membership (devices and models that come and go) ------------------------------
     def add_device(self, spec: DeviceSpec) -> None:
         self.residency.add_device(spec)
+        device = self.residency.device(spec.device)
+        for model, pages in self.adoptable(spec):
+            self.residency.hold(device, model, 0, pages)  # usable now; least recently used
 
     def remove_device(self, device: int, now_ns: int) -> None:
         gone = self.residency.device(device)

@@ -180,8 +180,15 @@ class Infer4Scheduler(PolicyBookkeeping):
     def add_device(self, spec: DeviceSpec) -> None:
         if spec.device in self.devices:
             raise ValueError(f"device {spec.device} is already known")
-        self.devices[spec.device] = _Device(spec)
+        device = self.devices[spec.device] = _Device(spec)
         self.tracker.add_device(spec.device)
+        for model, pages in self.adoptable(spec):
+            device.loaded.add(model)
+            device.free_pages -= pages
+            self.tracker.load_started(model, spec.device)
+            self.tracker.load_finished(model, spec.device, True)
+            for queued in self.models[model].queue if model in self.models else ():
+                self._add_strategies(device, model, queued)
 
     def remove_device(self, device: int, now_ns: int) -> None:
         del self.devices[device]

@@ -27,7 +27,10 @@ from mainspring.time import s_to_ns
 from mainspring.workload import AzureTrace
 from mainspring.workload.azure import bundled_trace_path, read_trace
 
-MINUTES = (1, 180, 360, 540, 720, 900, 1080, 1260)
+# Spread over the day. Not minute 0/1: minute 3 holds one function's burst at 4.6x the window's mean,
+# more than 6 devices serve at any scale that keeps the window near 55% busy (an overload, not a
+# test of prediction; `--minutes 1` runs it).
+MINUTES = (180, 360, 540, 720, 900, 1080, 1260, 1350)
 
 
 def window_scale(minute: int, duration_s: float, target_rps: float) -> float:
@@ -81,7 +84,9 @@ def write_markdown(rows: list[dict[str, Any]], policies: list[str], args: argpar
         f"4,026 models, 6 emulated V100s, 100 ms SLO, {args.duration_s:g} s per window counted after "
         f"{args.warmup_minutes} minute(s) of warm-up (the minute(s) before it), each window at the scale "
         f"that offers {args.target_rps:g} r/s on average; misses = requests not answered successfully within the "
-        "SLO, per million. `benchmarks/paper/azure_windows.py` (not part of `make paper`: about an hour here).",
+        "SLO, per million. `benchmarks/paper/azure_windows.py` (not part of `make paper`: about 1.5 hours here). "
+        "Not minutes 0-10: minute 3 holds one function's burst at 4.6x the window's mean, beyond the 6 devices at "
+        "this scale (at x63.5 every policy misses 13-15%, the baselines 42-52%).",
         markdown_table(["minute", "seed", "scale", "requests", "busy", *policies], table),
     )
 
@@ -91,7 +96,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=int, nargs="+", default=list(MINUTES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--duration-s", type=float, default=600)
-    parser.add_argument("--target-rps", type=float, default=730.0, help="offered load (~55%% busy at this mix)")
+    parser.add_argument("--target-rps", type=float, default=680.0, help="offered load (50-60%% busy at this mix)")
     parser.add_argument("--policy", default="clockwork,infer4,triton,clipper")
     parser.add_argument("--warmup-minutes", type=int, default=1, help="replayed before each window, not counted")
     parser.add_argument("--jobs", type=int, default=2)

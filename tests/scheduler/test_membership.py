@@ -6,7 +6,18 @@ import random
 
 import pytest
 
-from mainspring.protocol import Action, DeviceSpec, Infer, LoadWeights, Response, ResponseStatus
+from mainspring.protocol import (
+    Action,
+    ActionResult,
+    ActionStatus,
+    DeviceSpec,
+    Infer,
+    LoadWeights,
+    Outcome,
+    Response,
+    ResponseStatus,
+    Timing,
+)
 from mainspring.scheduler.base import Membership, Scheduler
 from mainspring.scheduler.registry import make_scheduler
 from mainspring.time import NS_PER_MS
@@ -177,3 +188,33 @@ def test_a_device_that_joins_holding_weights_serves_them_without_a_load(policy: 
     assert h.answers[2].status is ResponseStatus.SUCCESS
     kinds = [(type(a).__name__, a.model) for a in h.sent[1:]]
     assert kinds.index(("EvictWeights", "a")) < kinds.index(("LoadWeights", "b")), kinds
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_failed_batch_answers_each_request_by_what_its_worker_found(policy: str) -> None:
+    # As the worker reports each batch run alone: request 1's input failed (400), request 2 could not
+    # be checked before its deadline (500), the others were served.
+    h = Harness(policy, [0])
+    for i in range(3):
+        h.policy.on_request(request(i, "a", 0, slo_ms=500), 0)
+    h.finish(next(a for a in h.step(0) if isinstance(a, LoadWeights)), 5 * MS)
+    for now in range(6 * MS, 100 * MS, MS):
+        for infer in [a for a in h.step(now) if isinstance(a, Infer)]:
+            assert len(infer.deadlines_ns) == len(infer.request_ids)  # each request's deadline, for the worker
+            assert all(d <= 500 * MS for d in infer.deadlines_ns)
+            ids = infer.request_ids
+            result = ActionResult(
+                infer.action_id, 0, ActionStatus.OK, Timing(now, now + MS), "IndexError: bad id",
+                [{} if i in (1, 2) else {"y": 1} for i in ids],
+                {p: "IndexError: bad id" for p, i in enumerate(ids) if i == 1},
+                tuple(p for p, i in enumerate(ids) if i == 2),
+            )  # fmt: skip
+            h.policy.on_result(result, now + MS)
+    h.step(100 * MS)
+    outcomes = {i: (r.outcome, r.status) for i, r in h.answers.items()}
+    assert outcomes == {
+        0: (Outcome.SERVED, ResponseStatus.SUCCESS),
+        1: (Outcome.INPUT_FAILED, ResponseStatus.ERROR),
+        2: (Outcome.INFERENCE_FAILED, ResponseStatus.ERROR),
+    }
+    assert "no time to run this request alone" in h.answers[2].reason

@@ -220,3 +220,26 @@ def test_a_failing_batch_is_run_again_one_request_at_a_time(worker: TorchWorker,
     assert lone.status is ActionStatus.OK and list(lone.failed) == [0]  # it has served: now the input's fault
     both = run(worker, results, results.infer("bert_tiny", requests=2, batch=2), [bad, bad])
     assert both.status is ActionStatus.ERROR  # every request failed alone: the batch's failure is the model's
+
+
+def test_a_failing_batch_runs_requests_alone_only_while_their_deadlines_allow(
+    worker: TorchWorker, results: Results
+) -> None:
+    config = worker.configs()["bert_tiny"]
+    assert run(worker, results, results.load("bert_tiny")).status is ActionStatus.OK
+    good = sample_inputs(config, 3, seed=5)
+    bad = {"input_ids": np.full((1, 32), -7, dtype=np.int64)}
+    now, second = results.clock.now_ns(), 10**9
+    infer = msgspec.structs.replace(
+        results.infer("bert_tiny", requests=4, batch=4),
+        expected_duration_ns=50 * 10**6,
+        deadlines_ns=(now + 10 * second, now + 10 * second, now, now + 10 * second),  # the third's has passed
+    )
+    mixed = run(worker, results, infer, [good[0], bad, good[1], good[2]])
+    assert mixed.status is ActionStatus.OK and list(mixed.failed) == [1] and mixed.unchecked == (2,)
+    assert "IndexError" in mixed.message  # the batch's failure, for the request that could not be checked
+    assert mixed.outputs[0] and mixed.outputs[3] and mixed.outputs[2] == {}
+    # No deadline left for any of them: nothing runs again; the model is not blamed.
+    none = msgspec.structs.replace(infer, action_id=infer.action_id + 100, deadlines_ns=(now,) * 4)
+    late = run(worker, results, none, [good[0], bad, good[1], good[2]])
+    assert late.status is ActionStatus.OK and late.unchecked == (0, 1, 2, 3) and not late.failed

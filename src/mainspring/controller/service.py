@@ -244,11 +244,7 @@ class ControllerService:
         global_id = self._global_id.get((id(handle), result.device))
         if global_id is None:
             return  # from a device already declared lost
-        self.controller.deliver(
-            ActionResult(
-                result.action_id, global_id, result.status, result.timing, result.message, result.outputs, result.failed
-            )
-        )
+        self.controller.deliver(msgspec.structs.replace(result, device=global_id))
 
     def on_lost(self, handle: WorkerHandle) -> None:
         key = id(handle)

@@ -30,10 +30,12 @@ class EvictWeights(_ActionFields, frozen=True, tag=True):
 
 
 class Infer(_ActionFields, frozen=True, tag=True):
-    """Run one batch of requests; ``batch_size`` is the padded, supported size."""
+    """Run one batch of requests; ``batch_size`` is the padded, supported size. ``deadlines_ns``
+    (one per request, or none) bound how long a failed batch may spend running requests alone."""
 
     request_ids: tuple[int, ...]
     batch_size: int
+    deadlines_ns: tuple[int, ...] = ()
 
 
 Action = LoadWeights | EvictWeights | Infer

@@ -33,7 +33,9 @@ class ActionResult(msgspec.Struct, frozen=True):
     ``timing`` is present for every action that ran; a refused action has none.
     ``outputs`` (for ``Infer`` only) holds one entry per request, in batch order.
     ``failed`` (an ``Infer`` that ran OK) maps the batch positions whose own input failed when
-    run alone to the model's message; their ``outputs`` entries are empty.
+    run alone to the model's message; ``unchecked`` are the positions not run alone because their
+    deadline left no time (the batch failed: whether their input is at fault is unknown). Both
+    have empty ``outputs`` entries.
     """
 
     action_id: int
@@ -43,7 +45,13 @@ class ActionResult(msgspec.Struct, frozen=True):
     message: str = ""
     outputs: list[object] | None = None
     failed: dict[int, str] | None = None
+    unchecked: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.status is ActionStatus.OK
+
+    @property
+    def isolated(self) -> bool:
+        """The batch failed and ran again request by request: its timing is no measurement of the batch."""
+        return bool(self.failed or self.unchecked)

@@ -27,6 +27,9 @@ class PolicyBookkeeping:
         for index, request in enumerate(batch):
             if index in failed:
                 self._answer(request, Outcome.INPUT_FAILED, f"inference failed on this input: {failed[index]}")
+            elif index in result.unchecked:
+                reason = f"inference failed on its batch ({result.message}); no time to run this request alone"
+                self._answer(request, Outcome.INFERENCE_FAILED, reason)
             else:
                 self._answer(request, Outcome.SERVED, action_id=action_id)
 

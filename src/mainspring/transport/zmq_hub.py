@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from mainspring.protocol import Action, ActionResult, Timing
+from mainspring.protocol import Action, ActionResult, Infer, Timing
 from mainspring.time import Clock, WallClock, s_to_ns
 from mainspring.transport.clock_sync import ClockSync
 from mainspring.transport.links import WorkerEvents
@@ -57,6 +57,9 @@ class RemoteWorker:
         translated = msgspec.structs.replace(
             action, earliest_ns=self.sync.to_worker(action.earliest_ns), latest_ns=self.sync.to_worker(action.latest_ns)
         )
+        if isinstance(translated, Infer) and translated.deadlines_ns:
+            deadlines = tuple(self.sync.to_worker(d) for d in translated.deadlines_ns)
+            translated = msgspec.structs.replace(translated, deadlines_ns=deadlines)
         metas = metas_of(inputs) if inputs is not None else None
         self._hub.send(self, Act(translated, metas), inputs)
 
@@ -202,4 +205,4 @@ def _to_controller_clock(result: ActionResult, sync: ClockSync, samples: list[An
     if timing is not None:
         timing = Timing(sync.to_controller(timing.begin_ns), sync.to_controller(timing.end_ns))
     outputs: list[object] | None = list(samples) if samples is not None else None
-    return ActionResult(result.action_id, result.device, result.status, timing, result.message, outputs, result.failed)
+    return msgspec.structs.replace(result, timing=timing, outputs=outputs)

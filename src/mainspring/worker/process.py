@@ -90,9 +90,7 @@ class WorkerConnection:
         with self._in_flight_lock:
             self._in_flight.discard(result.action_id)
         # Outputs travel as tensor frames, not inside the header.
-        bare = ActionResult(
-            result.action_id, result.device, result.status, result.timing, result.message, failed=result.failed
-        )
+        bare = msgspec.structs.replace(result, outputs=None)
         outputs = result.outputs
         if outputs is not None and all(isinstance(o, dict) for o in outputs):
             samples: list[Any] = list(outputs)

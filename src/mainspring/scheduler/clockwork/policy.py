@@ -457,6 +457,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             expected_duration_ns=expected_ns,
             request_ids=tuple(r.id for r in batch),
             batch_size=batch_size,
+            deadlines_ns=tuple(r.deadline_ns - self._margin_ns for r in batch),  # the result must travel back
         )
         device.exec_lane.plan(action.action_id, start, expected_ns)
         device.pin(model)
@@ -504,7 +505,7 @@ class ClockworkScheduler(PolicyBookkeeping):
     ) -> None:
         if result.ok:
             assert result.timing is not None
-            if current and not result.failed:  # isolating a failed input ran the batch again: not a measurement
+            if current and not result.isolated:  # isolating a failed input ran the batch again: not a measurement
                 timing = result.timing
                 observe = self.estimator.restart_exec if probe else self.estimator.observe_exec
                 observe(action.model, action.batch_size, device.kind, timing.duration_ns, timing.end_ns)

@@ -314,6 +314,7 @@ class Infer4Scheduler(PolicyBookkeeping):
             expected_duration_ns=exec_ns,
             request_ids=tuple(q.request.id for q in batch),
             batch_size=len(batch),
+            deadlines_ns=tuple(q.request.deadline_ns for q in batch),
         )
         device.exec_lane.plan(action.action_id, start_ns, exec_ns)
         device.busy[name] = device.busy.get(name, 0) + 1
@@ -326,7 +327,7 @@ class Infer4Scheduler(PolicyBookkeeping):
             return
         if result.ok:
             assert result.timing is not None
-            if not result.failed:
+            if not result.isolated:
                 self.estimator.observe_exec(
                     action.model, action.batch_size, device.spec.kind, result.timing.duration_ns, result.timing.end_ns
                 )

@@ -254,33 +254,44 @@ class TorchDevice:
     def _isolate(
         self, action: Infer, binding: _Binding, residency: Residency, samples: Sequence[Sample], error: Exception
     ) -> ActionResult:
-        """The batch failed: run each request alone, so that only those whose own input fails get
-        the error. The model is at fault (an ``ERROR`` for the whole batch) when every request of
-        a batch fails alone, or when a lone request fails before the model has served any input."""
+        """The batch failed: run each request alone while its deadline allows (``Infer.deadlines_ns``),
+        so that only those whose own input fails get the error; the ones left ``unchecked`` get the
+        batch's. The model is at fault (an ``ERROR`` for the whole batch) when every request run
+        alone fails, more than one of them, or a lone one before the model has served any input."""
         begin = self._clock.now_ns()
+        message = f"{type(error).__name__}: {error}"
         names = [spec.name for spec in binding.model.config.outputs]
         outputs: list[object] = []
         failed: dict[int, str] = {}
+        unchecked: list[int] = []
+        alone_ns = action.expected_duration_ns  # the batch's: an upper bound until one has run alone
         for index, sample in enumerate(samples):
+            outputs.append({})
             if len(samples) == 1:  # it has just failed alone
-                failed[index] = f"{type(error).__name__}: {error}"
-                outputs.append({})
+                failed[index] = message
                 break
+            started = self._clock.now_ns()
+            if action.deadlines_ns and started + alone_ns > action.deadlines_ns[index]:
+                unchecked.append(index)
+                continue
             try:
                 arrays = self._to_host(self._forward(binding, residency, min(binding.inputs), [sample]))
-                outputs.append({name: np.array(array[0:1]) for name, array in zip(names, arrays, strict=True)})
+                outputs[-1] = {name: np.array(array[0:1]) for name, array in zip(names, arrays, strict=True)}
             except Exception as alone:
                 failed[index] = f"{type(alone).__name__}: {alone}"
-                outputs.append({})
+            took = self._clock.now_ns() - started
+            alone_ns = took if alone_ns == action.expected_duration_ns else max(alone_ns, took)
         timing = Timing(begin, self._clock.now_ns())
         if self._resident.get(action.model) is not residency:
             return self._discarded(action, timing)
-        if len(failed) == len(samples) and (len(samples) > 1 or action.model not in self._served):
-            message = f"{type(error).__name__}: {error}"
+        ran = len(samples) - len(unchecked)
+        if ran and len(failed) == ran and (ran > 1 or action.model not in self._served):
             return ActionResult(action.action_id, action.device, ActionStatus.ERROR, timing, message)
-        if len(failed) < len(samples):
+        if len(failed) < ran:
             self._served.add(action.model)
-        return ActionResult(action.action_id, action.device, ActionStatus.OK, timing, outputs=outputs, failed=failed)
+        return ActionResult(
+            action.action_id, action.device, ActionStatus.OK, timing, message, outputs, failed, tuple(unchecked)
+        )
 
     @staticmethod
     def _discarded(action: Infer, timing: Timing) -> ActionResult:

@@ -47,7 +47,7 @@ def test_profiles_are_kept_per_device_kind(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"format": "onnx"}, "format 'onnx'"),
+        ({"format": "pickle"}, "format 'pickle'"),
         ({"batch_sizes": (4, 2)}, "increasing"),
         ({"inputs": (TensorSpec("x", "FP32", (1, 3)),)}, r"batch\) dimension must be -1"),
         ({"format": "safetensors"}, "needs an 'architecture'"),

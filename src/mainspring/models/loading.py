@@ -42,6 +42,14 @@ def _read(config: ModelConfig, file: Path) -> nn.Module:
     if config.format == "torch_export":
         exported: nn.Module = torch.export.load(file).module()
         return exported
+    if config.format == "onnx":
+        try:
+            from mainspring.models.onnx_module import OnnxModule
+        except ModuleNotFoundError as absent:
+            raise ModelLoadError(f"{file}: format onnx needs {absent.name}: pip install 'mainspring[onnx]'") from None
+
+        names = tuple(spec.name for spec in config.inputs), tuple(spec.name for spec in config.outputs)
+        return OnnxModule(file, *names)
     if config.format == "torchscript":
         with warnings.catch_warnings():  # TorchScript is deprecated upstream; existing archives still load
             warnings.simplefilter("ignore", DeprecationWarning)

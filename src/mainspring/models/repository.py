@@ -1,4 +1,6 @@
-"""The model repository on disk: ``<repo>/<model>/<version>/`` with a model file and ``config.json``.
+"""The model repository on disk: ``<repo>/<model>/<version>/`` with a model file and ``config.json``,
+or Triton's layout, ``<repo>/<model>/config.pbtxt`` beside numbered version folders holding the
+model file (``models/triton_config.py``); both may sit in one repository.
 
 ``config.json`` names the format and file, the inputs and outputs (KServe datatypes,
 shapes with -1 for the batch dimension), the supported batch sizes and the runtime.
@@ -22,7 +24,7 @@ from mainspring.protocol.tensors import TensorSpec
 
 CONFIG_FILE = "config.json"
 PROFILE_FILE = "profile.json"
-FORMATS = ("torch_export", "torchscript", "safetensors")
+FORMATS = ("torch_export", "torchscript", "safetensors", "onnx")
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -87,16 +89,28 @@ class ModelRepository:
         folder = self._folder(model)
         if not folder.is_dir():
             return []
+        triton = self.is_triton(model)
         return sorted(
             int(p.name)
             for p in folder.iterdir()
-            if p.name.isdigit() and self._inside(p) and (p / CONFIG_FILE).is_file()
+            if p.name.isdigit() and self._inside(p) and ((triton and p.is_dir()) or (p / CONFIG_FILE).is_file())
         )
 
+    def is_triton(self, model: str) -> bool:
+        """The model is laid out as Triton's: ``config.pbtxt`` beside its version folders."""
+        from mainspring.models.triton_config import TRITON_CONFIG
+
+        return (self._folder(model) / TRITON_CONFIG).is_file()
+
     def latest_version(self, model: str) -> int:
+        """The version served: the highest, or the one a Triton ``version_policy`` selects."""
         versions = self.versions(model)
         if not versions:
             raise ModelLoadError(f"model {model!r} is not in repository {self.root}")
+        if self.is_triton(model):
+            from mainspring.models.triton_config import served_version
+
+            return served_version(self._folder(model), versions)
         return versions[-1]
 
     def path(self, model: str, version: int | None = None) -> Path:
@@ -118,6 +132,10 @@ class ModelRepository:
         return MODEL_NAME.fullmatch(path.name) is not None and path.resolve().is_relative_to(self.root.resolve())
 
     def config(self, model: str, version: int | None = None) -> ModelConfig:
+        if self.is_triton(model):
+            from mainspring.models.triton_config import read_triton_config
+
+            return read_triton_config(self._folder(model), self.path(model, version))
         file = self.path(model, version) / CONFIG_FILE
         try:
             config = msgspec.json.decode(file.read_bytes(), type=ModelConfig)

@@ -205,7 +205,7 @@ class TorchDevice:
             self._copy(views, binding.model.host)
             self._bind(binding, views)
             residency = Residency(views)
-            if self._cuda and self.settings.cuda_graphs:
+            if self._cuda and self.settings.cuda_graphs and getattr(binding.module, "cuda_graphs", True):
                 self._capture_graphs(binding, residency)
             return residency
 

@@ -8,6 +8,7 @@ p50/p99 of ``LoadWeights`` against a flat copy of the same number of bytes measu
 the same run (the machine's memory-copy bandwidth, the physical limit).
 
     .venv/bin/python benchmarks/worker_predictability.py [--image-size 64] [--runs 200] [--models resnet18,mlp]
+    .venv/bin/python benchmarks/worker_predictability.py --repo DIR   # a repository's own models (ONNX too)
 """
 
 from __future__ import annotations
@@ -41,18 +42,23 @@ def flat_copy_ns(nbytes: int, runs: int) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(ARCHITECTURES))
+    parser.add_argument("--models", help="comma-separated (default: the zoo, or every model of --repo)")
+    parser.add_argument("--repo", type=Path, help="measure this repository's models instead of the zoo's")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--runs", type=int, default=200, help="fresh runs per batch size")
     parser.add_argument("--load-runs", type=int, default=30)
     args = parser.parse_args()
     settings = ProfilerSettings(max_runs=args.runs, min_runs=args.runs, max_seconds_per_batch=60)
     with tempfile.TemporaryDirectory() as folder:
-        repo = ModelRepository(Path(folder))
-        names = args.models.split(",")
-        for name in names:
-            size = {"image_size": args.image_size} if "image_size" in ARCHITECTURES[name].defaults else {}
-            export_zoo_model(repo, name, args=size)
+        if args.repo is not None:
+            repo = ModelRepository(args.repo)
+            names = args.models.split(",") if args.models else repo.models()
+        else:
+            repo = ModelRepository(Path(folder))
+            names = args.models.split(",") if args.models else list(ARCHITECTURES)
+            for name in names:
+                size = {"image_size": args.image_size} if "image_size" in ARCHITECTURES[name].defaults else {}
+                export_zoo_model(repo, name, args=size)
         runner = ActionRunner()
         worker = TorchWorker(repo, runner.results.put, use_stored_profiles=False)
         print(f"exec on this CPU (1 intra-op thread, image {args.image_size}x{args.image_size}), ms")

@@ -129,6 +129,9 @@ def _tensor(tensor: Any, batching: bool, file: Path, kind: str) -> TensorSpec:
         raise ModelLoadError(f"{where}: dims {list(dims)} with max_batch_size 0: Mainspring batches along the first "
                              "dimension, which must then be 1 or -1")  # fmt: skip
     shape = (-1, *dims) if batching else (-1, *dims[1:])
+    if -1 in shape[1:]:
+        raise ModelLoadError(f"{where}: dims {list(dims)}: a variable size beyond the batch dimension is not "
+                             "supported (every batch size is warmed up and profiled at one shape)")  # fmt: skip
     try:
         return TensorSpec(tensor.name, datatype, shape)
     except ValueError as error:

@@ -10,11 +10,12 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from mainspring.protocol.tensors import TensorSpec
+from mainspring.protocol.tensors import TensorSpec, numpy_dtype
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1) -> list[nn.Module]:
@@ -254,8 +255,9 @@ def example_inputs(specs: tuple[TensorSpec, ...], batch: int, seed: int = 0) -> 
     tensors = []
     for spec in specs:
         shape = (batch, *spec.sample_shape)
+        dtype = torch.from_numpy(np.zeros(0, dtype=numpy_dtype(spec.datatype))).dtype  # the model's own
         if spec.datatype.startswith("FP"):
-            tensors.append(torch.randn(shape, generator=generator))
+            tensors.append(torch.randn(shape, generator=generator).to(dtype))
         else:
-            tensors.append(torch.randint(0, 100, shape, generator=generator))
+            tensors.append(torch.randint(0, 100, shape, generator=generator).to(dtype))
     return tuple(tensors)

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.onnx_models import run_onnx
+from tests.onnx_models import SUPPORTED, build_triton_repo, run_onnx
 from tests.serving.processes import ServerProcess
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "triton_repository_from_wheels.py"
@@ -65,3 +65,26 @@ def test_the_features_follow_magikas_layout(size: int) -> None:
     features = magika_features(bytes(range(256)) * 20 if size == 5000 else b"x" * size)
     assert features.shape == (1, 2048) and features.dtype == np.int32
     assert (features[0, :1024] == 256).sum() == max(0, 1024 - size)
+
+
+def test_a_triton_repository_is_served_and_its_refusals_listed(tmp_path: Path) -> None:
+    repo = build_triton_repo(tmp_path / "repo")
+    server = ServerProcess(repo.root, tmp_path / "server.log", "--slo-ms", "30000")
+    try:
+        server.wait_ready()
+        http = httpclient.InferenceServerClient(server.http)
+        index = {entry["name"]: entry for entry in http.get_model_repository_index()}
+        assert {n for n, e in index.items() if e["state"] == "READY"} == set(SUPPORTED)
+        assert "sequence_batching" in index["sequence_model"]["reason"]
+        assert "version_policy all" in index["two_versions"]["reason"]
+        x = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32)
+        tensor = httpclient.InferInput("x", [3, 16], "FP32")
+        tensor.set_data_from_numpy(x)
+        (expected,) = run_onnx(repo.model_file("onnx_mlp"), {"x": x})
+        np.testing.assert_allclose(http.infer("onnx_mlp", [tensor]).as_numpy("y"), expected, rtol=1e-5, atol=1e-6)
+        http.unload_model("onnx_mlp")  # the repository API on a Triton layout
+        assert not http.is_model_ready("onnx_mlp")
+        http.load_model("onnx_mlp")
+        np.testing.assert_allclose(http.infer("onnx_mlp", [tensor]).as_numpy("y"), expected, rtol=1e-5, atol=1e-6)
+    finally:
+        assert server.stop() == 0, (tmp_path / "server.log").read_text()

@@ -140,7 +140,10 @@ class DataPlane:
             for name in self.repo.models():
                 if name not in entries:
                     reason = self.service.load_errors.get(name, "")
-                    version = str(self.repo.latest_version(name))
+                    try:
+                        version = str(self.repo.latest_version(name))
+                    except ModelLoadError as error:  # e.g. a Triton version_policy naming no servable version
+                        version, reason = "", reason or str(error)
                     entries[name] = {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
         return [entries[n] for n in sorted(entries)]
 

@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
+	bash scripts/install_browser.sh  # Debian's chromium for the dashboard test (only when missing)
 	$(BIN)/pytest -q
 
 # Mainspring beside Triton and Ray Serve, live (about an hour): installs the peers into .peers/, writes BENCHMARKS.md

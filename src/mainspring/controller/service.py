@@ -30,6 +30,7 @@ from mainspring.scheduler.base import Membership
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
 from mainspring.telemetry.metrics import ServingMetrics
 from mainspring.telemetry.recorder import LogWriter
+from mainspring.telemetry.timeline import Timeline
 from mainspring.time import NS_PER_S, WallClock
 from mainspring.transport.links import WorkerHandle
 from mainspring.transport.messages import ModelInfo, ModelReply
@@ -109,7 +110,9 @@ class ControllerService:
         self.metrics = ServingMetrics()
         # The simulator's request and action logs, for ``mainspring analyze``.
         self.logs = LogWriter(log_dir, f"live-{time.strftime('%Y%m%d-%H%M%S')}") if log_dir is not None else None
-        observer: ControllerObserver = self.metrics if self.logs is None else Observers(self.metrics, self.logs)
+        self.timeline = Timeline()  # the live page's last seconds of every lane
+        observers = (self.metrics, self.timeline) if self.logs is None else (self.metrics, self.timeline, self.logs)
+        observer: ControllerObserver = Observers(*observers)
         self._links: dict[int, _DeviceLink] = {}
         self.controller = Controller(
             scheduler, self.clock, self._links, self._answer, self._request_wakeup, observer, send_inputs=True
@@ -144,6 +147,11 @@ class ControllerService:
     @property
     def device_count(self) -> int:
         return len(self._links)
+
+    @property
+    def device_ids(self) -> list[int]:
+        """The connected devices (the controller's ids)."""
+        return sorted(self._links)
 
     # --- clients ------------------------------------------------------------------------------
     async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:

@@ -15,6 +15,8 @@ import msgspec
 from aiohttp import web
 
 from mainspring.frontend.access import UNAUTHORIZED, http_scope
+from mainspring.frontend.dashboard import page as dashboard_page
+from mainspring.frontend.dashboard import timeline_data
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.openapi import openapi_document
@@ -113,6 +115,13 @@ async def metrics(request: web.Request) -> web.Response:
     plane = _plane(request)
     body = plane.service.metrics.exposition(plane.service.clock.now_ns())
     return web.Response(body=body, content_type="text/plain", charset="utf-8", headers={"X-Version": "0.0.4"})
+
+
+async def dashboard_timeline(request: web.Request) -> web.Response:
+    service = _plane(request).service
+    seconds = request.query.get("seconds", "10")
+    data = timeline_data(service.timeline, service.clock.now_ns(), seconds, service.device_ids)
+    return web.json_response(data)
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -238,6 +247,8 @@ def make_app(plane: DataPlane) -> web.Application:
         get("/v2", server_metadata),
         get("/v2/openapi.json", openapi),
         get("/metrics", metrics),
+        get("/dashboard", dashboard_page),
+        get("/dashboard/timeline", dashboard_timeline),
         get("/v2/models/stats", model_stats),
         get(model, model_metadata),
         get(versioned, model_metadata),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mainspring.time import ns_to_ms
 
-ZOO_FORMATS = ("torch_export", "torchscript", "safetensors")
+ZOO_FORMATS = ("torch_export", "torchscript", "safetensors", "onnx")
 
 
 class ModelsCliError(Exception):

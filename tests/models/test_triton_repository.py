@@ -67,3 +67,12 @@ def test_both_layouts_sit_in_one_repository(triton_repo: ModelRepository, small_
     repo = ModelRepository(mixed)
     assert repo.models() == ["mlp", "onnx_mlp"]
     assert repo.config("mlp").format == "torch_export" and repo.config("onnx_mlp").format == "onnx"
+
+
+def test_mainspring_profile_measures_a_triton_repository(triton_repo: ModelRepository) -> None:
+    from mainspring.cli import main
+
+    assert main(["profile", str(triton_repo.root), "--model", "onnx_mlp"]) == 0
+    (profile,) = triton_repo.profiles("onnx_mlp")
+    assert profile.device_kind == "cpu" and set(profile.exec_ns) == {1, 2, 4, 8}
+    assert (triton_repo.root / "onnx_mlp" / "1" / "profile.json").is_file()

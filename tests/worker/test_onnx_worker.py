@@ -13,7 +13,7 @@ import torch
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol import ActionStatus
 from mainspring.worker.torch_worker import TorchWorker
-from tests.onnx_models import SUPPORTED, build_triton_repo, run_onnx, write_torchscript_mlp
+from tests.onnx_models import SUPPORTED, build_triton_repo, run_onnx, write_mlp_onnx, write_torchscript_mlp
 from tests.torch_models import Results
 
 PAGE = 4096  # small pages: one model fills the pool, so the next one reuses its memory
@@ -99,3 +99,24 @@ def test_a_fixed_batch_onnx_model_and_a_triton_torchscript_model(
     with torch.no_grad():
         expected = module(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(infer(worker, results, "torch_mlp", x, 4), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_onnx_in_mainsprings_own_layout_and_a_fixed_batch_named(tmp_path: Path, results: Results) -> None:
+    from mainspring.models.repository import ModelConfig
+    from mainspring.protocol.tensors import TensorSpec
+
+    repo = ModelRepository(tmp_path)
+    specs = (TensorSpec("x", "FP32", (-1, 16)),), (TensorSpec("y", "FP32", (-1, 4)),)
+    for name, batch in (("free", "batch"), ("fixed", 1)):
+        folder = repo.write(ModelConfig(name, "onnx", "model.onnx", *specs, batch_sizes=(1, 2, 4)))
+        write_mlp_onnx(folder / "model.onnx", batch=batch)
+    worker = TorchWorker(repo, results.put)
+    try:
+        assert sorted(worker.profiles()) == ["free"]
+        assert "fixes the batch dimension at 1: batch_sizes must be [1], not [1, 2, 4]" in worker.load_errors["fixed"]
+        x = np.random.default_rng(9).standard_normal((2, 16)).astype(np.float32)
+        assert run(worker, results, results.load("free")).status is ActionStatus.OK
+        expected = run_onnx(repo.model_file("free"), {"x": x})[0]
+        np.testing.assert_allclose(infer(worker, results, "free", x, 2), expected, rtol=1e-5)
+    finally:
+        worker.close()

@@ -49,7 +49,12 @@ def _read(config: ModelConfig, file: Path) -> nn.Module:
             raise ModelLoadError(f"{file}: format onnx needs {absent.name}: pip install 'mainspring[onnx]'") from None
 
         names = tuple(spec.name for spec in config.inputs), tuple(spec.name for spec in config.outputs)
-        return OnnxModule(file, *names)
+        onnx_module = OnnxModule(file, *names)
+        fixed = onnx_module.fixed_batch
+        if fixed is not None and config.batch_sizes != (fixed,):
+            raise ModelLoadError(f"{file}: the graph fixes the batch dimension at {fixed}: batch_sizes must be "
+                                 f"[{fixed}], not {list(config.batch_sizes)}")  # fmt: skip
+        return onnx_module
     if config.format == "torchscript":
         with warnings.catch_warnings():  # TorchScript is deprecated upstream; existing archives still load
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -88,7 +93,12 @@ def export_zoo_model(
     full_args = {**arch.defaults, **(args or {})}
     module = build_model(name, full_args, seed)
     inputs, outputs = arch.inputs(full_args), arch.outputs(full_args)
-    files = {"torch_export": "model.pt2", "torchscript": "model.pt", "safetensors": "model.safetensors"}
+    files = {
+        "torch_export": "model.pt2",
+        "torchscript": "model.pt",
+        "safetensors": "model.safetensors",
+        "onnx": "model.onnx",
+    }
     if fmt not in files:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(files)}")
     config = ModelConfig(
@@ -117,6 +127,14 @@ def export_zoo_model(
                 warnings.simplefilter("ignore", DeprecationWarning)
                 traced = torch.jit.trace(module, example)  # type: ignore[no-untyped-call]
             traced.save(str(target))
+        elif fmt == "onnx":
+            with warnings.catch_warnings():  # the TorchScript-based exporter: the newer one needs onnxscript
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", TracerWarning)
+                names = [s.name for s in inputs], [s.name for s in outputs]
+                batch_axes = {name: {0: "batch"} for name in [*names[0], *names[1]]}
+                torch.onnx.export(module, example, str(target), input_names=names[0], output_names=names[1],
+                                  dynamic_axes=batch_axes, dynamo=False, opset_version=17)  # fmt: skip
         else:
             from safetensors.torch import save_file
 

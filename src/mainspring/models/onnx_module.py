@@ -47,6 +47,9 @@ class OnnxModule(nn.Module):
                                  f"{sorted(declared)}, outputs: {[o.name for o in graph.output]})")  # fmt: skip
         self.input_names = input_names
         self.output_names = output_names
+        first = next(i for i in graph.input if i.name == input_names[0]).type.tensor_type.shape.dim
+        # The graph's batch dimension when it fixes one: the model is then served at that size only.
+        self.fixed_batch = int(first[0].dim_value) if first and first[0].HasField("dim_value") else None
         self.weight_names: list[str] = []
         kept = []
         for index, initializer in enumerate(graph.initializer):
@@ -76,6 +79,8 @@ class OnnxModule(nn.Module):
             options.log_severity_level = 3  # warnings about unused initializers would flood the worker log
             providers: list[Any] = ["CPUExecutionProvider"]
             if device.type == "cuda":
+                if "CUDAExecutionProvider" not in ort.get_available_providers():
+                    raise RuntimeError("ONNX on a CUDA device needs the onnxruntime-gpu package (no CUDA provider)")
                 providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))
             self._session = ort.InferenceSession(self._graph, options, providers=providers)
             self._session_device = device

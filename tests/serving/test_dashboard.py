@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from mainspring.models.repository import ModelRepository
 from tests.serving.processes import ServerProcess, http_call
-from tests.serving.test_worker_loss import body
+from tests.serving.test_worker_loss import body, wait_for
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
@@ -50,15 +49,6 @@ def browser() -> Iterator[object]:
         driver.quit()
 
 
-def wait_until(condition: object, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
-
-
 def test_the_timeline_data_and_its_bad_parameter(server: ServerProcess) -> None:
     url = f"http://{server.http}/dashboard/timeline"
     status, reply = http_call(f"{url}?seconds=lots")
@@ -81,7 +71,7 @@ def test_the_page_draws_each_lane_and_updates_under_load(server: ServerProcess, 
     def marks(selector: str) -> int:
         return len(driver.find_elements(By.CSS_SELECTOR, selector))  # type: ignore[attr-defined]
 
-    wait_until(lambda: updates() >= 1 and marks('svg[data-device="0"]') == 1)
+    wait_for(lambda: updates() >= 1 and marks('svg[data-device="0"]') == 1)
     stop = threading.Event()
 
     def load() -> None:  # steady requests to two models: infers on the exec lane, loads on the load lane
@@ -92,15 +82,15 @@ def test_the_page_draws_each_lane_and_updates_under_load(server: ServerProcess, 
     client = threading.Thread(target=load)
     client.start()
     try:
-        wait_until(lambda: marks('rect[data-lane="exec"][data-status="ok"][data-model="bert_tiny"]') > 0)
-        wait_until(lambda: marks('rect[data-lane="load"][data-kind="load"]') > 0)
+        wait_for(lambda: marks('rect[data-lane="exec"][data-status="ok"][data-model="bert_tiny"]') > 0)
+        wait_for(lambda: marks('rect[data-lane="load"][data-kind="load"]') > 0)
         before = updates()
-        wait_until(lambda: updates() >= before + 3)  # it keeps polling while the load runs
+        wait_for(lambda: updates() >= before + 3)  # it keeps polling while the load runs
         assert marks('rect[data-lane="exec"][data-model="mlp"]') > 0
         # A request that cannot make its SLO is rejected at once: a miss on the page.
         rejected = json.dumps({**json.loads(body("mlp")), "parameters": {"slo_ms": 0.01}}).encode()
         assert http_call(f"http://{server.http}/v2/models/mlp/infer", rejected)[0] == 503
-        wait_until(lambda: marks('rect[data-miss="deadline_at_arrival"][data-model="mlp"]') > 0)
+        wait_for(lambda: marks('rect[data-miss="deadline_at_arrival"][data-model="mlp"]') > 0)
         summary = driver.find_element(By.ID, "counts").text  # type: ignore[attr-defined]
         assert "1 device(s)" in summary and "misses" in summary
     finally:

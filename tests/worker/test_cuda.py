@@ -81,3 +81,30 @@ def test_gpu_exec_times_are_tight(gpu_worker: TorchWorker, results: Results) -> 
     p50, p99 = np.percentile(durations[20:], [50, 99])
     print(f"resnet18 batch 8 on {gpu_worker.kind}: p50 {p50 / 1e6:.3f} ms p99 {p99 / 1e6:.3f} ms ratio {p99 / p50:.3f}")
     assert p99 < 1_000_000_000
+
+
+def test_onnx_on_a_cuda_device_is_served_or_named(tmp_path: object, results: Results) -> None:
+    """With onnxruntime-gpu the ONNX model runs on the GPU from its pages; with the CPU package it is
+    refused at registration naming what is missing (never served wrong)."""
+    import onnxruntime
+
+    from tests.onnx_models import build_triton_repo, run_onnx
+
+    repo = build_triton_repo(tmp_path / "repo")  # type: ignore[operator]
+    worker = TorchWorker(repo, results.put, ["cuda:0"], pool_bytes=64 * MIB)
+    try:
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            assert "needs the onnxruntime-gpu package" in worker.load_errors["onnx_mlp"]
+            return
+        load = results.load("onnx_mlp")
+        worker.submit(load)
+        assert results.wait(load.action_id).status is ActionStatus.OK
+        x = np.random.default_rng(1).standard_normal((2, 16)).astype(np.float32)
+        infer = results.infer("onnx_mlp", 2, 2)
+        worker.submit(infer, [{"x": x[i : i + 1]} for i in range(2)])
+        result = results.wait(infer.action_id)
+        assert result.status is ActionStatus.OK, result.message
+        got = np.concatenate([o["y"] for o in result.outputs])
+        np.testing.assert_allclose(got, run_onnx(repo.model_file("onnx_mlp"), {"x": x})[0], rtol=1e-4, atol=1e-5)
+    finally:
+        worker.close()

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from mainspring.controller.service import ControllerService
+from mainspring.controller.service import ControllerService, ServiceError
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.protocol import DeviceSpec, ResponseStatus
 from mainspring.transport.inprocess import InProcessWorker
@@ -47,8 +47,8 @@ async def lag_ticker(stop: asyncio.Event, lags: list[float]) -> None:
         lags.append(time.monotonic() - begin - 0.001)
 
 
-async def run_point(devices: int, rate: float, seconds: float, seed: int) -> dict[str, float]:
-    service = ControllerService(default_slo_ms=SLO_MS)
+async def run_point(devices: int, rate: float, seconds: float, seed: int, max_lag_ms: float) -> dict[str, float]:
+    service = ControllerService(default_slo_ms=SLO_MS, max_loop_lag_ms=max_lag_ms)
     profiles = {p.model: p for p in model_copies(builtin_profiles(), 50 * devices)}
     specs = [DeviceSpec(d, "v100", DEFAULT_POOL_BYTES) for d in range(devices)]
     handle = InProcessWorker(
@@ -58,13 +58,17 @@ async def run_point(devices: int, rate: float, seconds: float, seed: int) -> dic
     names = sorted(profiles)
     rng = random.Random(seed)
     sample = {"input": np.ones((1, 4), np.float32)}
-    counts = {"sent": 0, "good": 0, "answered": 0, "late_sends": 0}
+    counts = {"sent": 0, "good": 0, "answered": 0, "shed": 0, "late_sends": 0}
     stop, lags = asyncio.Event(), []
     ticker = asyncio.create_task(lag_ticker(stop, lags))
 
     async def one(model: str) -> None:
         begin = time.monotonic()
-        ((response, _),) = await service.infer(model, [sample])
+        try:
+            ((response, _),) = await service.infer(model, [sample])
+        except ServiceError:  # refused at the door (429): the loop is behind (max_loop_lag_ms)
+            counts["shed"] += 1
+            return
         counts["answered"] += 1
         if response.status is ResponseStatus.SUCCESS and time.monotonic() - begin <= SLO_MS / 1000:
             counts["good"] += 1
@@ -95,6 +99,7 @@ async def run_point(devices: int, rate: float, seconds: float, seed: int) -> dic
         "cores": cpu / wall,
         "lag_p99_ms": 1000 * float(np.percentile(lags, 99)) if lags else 0.0,
         "late_sends": counts["late_sends"] / max(counts["sent"], 1),
+        "shed": counts["shed"] / max(counts["sent"], 1),
     }
 
 
@@ -105,15 +110,19 @@ def main() -> None:
     parser.add_argument("--rate-per-device", type=float, default=250.0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-loop-lag-ms", type=float, nargs="+", default=[50.0, 1e9],
+                        help="the server's setting; 1e9: never shed (as before it existed)")  # fmt: skip
     args = parser.parse_args()
-    print(f"{'devices':>7} {'load':>5} {'offered r/s':>11} {'goodput r/s':>11} {'attainment':>10} {'cores':>5} "
-          f"{'loop lag p99 ms':>15} {'late sends':>10}")  # fmt: skip
+    print(f"{'devices':>7} {'load':>5} {'max lag':>7} {'offered r/s':>11} {'goodput r/s':>11} {'attainment':>10} "
+          f"{'shed':>6} {'cores':>5} {'loop lag p99 ms':>15} {'late sends':>10}")  # fmt: skip
     for devices in args.devices:
         for load in args.load:
-            rate = load * args.rate_per_device * devices
-            r = asyncio.run(run_point(devices, rate, args.seconds, args.seed))
-            print(f"{devices:>7} {load:>5g} {r['offered']:>11.0f} {r['goodput']:>11.0f} {r['attainment']:>10.2%} "
-                  f"{r['cores']:>5.2f} {r['lag_p99_ms']:>15.1f} {r['late_sends']:>10.1%}")  # fmt: skip
+            for max_lag in args.max_loop_lag_ms:  # side by side: with the shedding and without
+                rate = load * args.rate_per_device * devices
+                r = asyncio.run(run_point(devices, rate, args.seconds, args.seed, max_lag))
+                print(f"{devices:>7} {load:>5g} {max_lag:>7g} {r['offered']:>11.0f} {r['goodput']:>11.0f} "
+                      f"{r['attainment']:>10.2%} {r['shed']:>6.1%} {r['cores']:>5.2f} {r['lag_p99_ms']:>15.1f} "
+                      f"{r['late_sends']:>10.1%}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ class ServeConfig:
     max_outstanding: int = 100_000  # unanswered requests; past it 429 (bounds memory under a flood)
     log_dir: str = ""  # write request and action logs (TSV) here, for `mainspring analyze`
     max_outstanding_mib: int = 512  # their input tensors (the server holds about 3x this); past it 429
+    max_loop_lag_ms: float = 50.0  # the controller's event loop this far behind: new requests 429 (its CPU is spent)
     # Security: set the secrets in the config file or the environment, never as flags (``ps`` shows flags).
     auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)
     auth_inference: bool = False  # require the token for inference, metadata, statistics and metrics too
@@ -108,6 +109,7 @@ class ServeConfig:
             "join_timeout_s",
             "max_outstanding",
             "max_outstanding_mib",
+            "max_loop_lag_ms",
         ):
             if not getattr(self, positive) > 0:
                 problems.append(f"{positive}={getattr(self, positive)} must be positive")
@@ -216,6 +218,7 @@ class Server:
             deadline_margin_ms=config.deadline_margin_ms,
             max_outstanding=config.max_outstanding,
             max_outstanding_bytes=config.max_outstanding_mib * 1024 * 1024,
+            max_loop_lag_ms=config.max_loop_lag_ms,
             log_dir=Path(config.log_dir).expanduser() if config.log_dir else None,
         )
         self.repo: ModelRepository | None = None

@@ -93,12 +93,18 @@ class ControllerService:
         max_outstanding: int = 100_000,
         max_outstanding_bytes: int = 2 * 1024**3,
         log_dir: Path | None = None,
+        max_loop_lag_ms: float = 50.0,
     ) -> None:
         self.clock = WallClock()
         self.watchdog_grace_s = watchdog_grace_s  # beyond an action's window and twice its expected duration
         # Unanswered requests (samples) and their input bytes: bound memory under any flood and policy.
         self.max_outstanding = max_outstanding
         self.max_outstanding_bytes = max_outstanding_bytes
+        # Past this many ms behind its schedule the event loop itself is the bottleneck (the controller's
+        # CPU): new requests are refused at once, which is cheap, instead of queued, which would make
+        # every pass slower until nothing meets its deadline (measured: benchmarks/controller_scale.py).
+        self.max_loop_lag_ns = round(max_loop_lag_ms * 1e6)
+        self.loop_lag_ns = 0  # the recent worst lateness of a 5 ms timer, decaying by half every 100 ms
         self._open_bytes = 0
         self._bytes_of: dict[int, int] = {}
         self.policy_name = policy
@@ -133,6 +139,7 @@ class ControllerService:
         self.accepting = True
         self.worker_joined = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
+        self._lag_monitor: asyncio.Task[None] | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -168,6 +175,8 @@ class ControllerService:
             refusal = f"{len(self._futures)} requests outstanding (max_outstanding)"
         elif self._open_bytes + size * len(samples) > self.max_outstanding_bytes:
             refusal = f"{self._open_bytes} bytes of inputs outstanding (max_outstanding_bytes)"
+        elif self.loop_lag_ns > self.max_loop_lag_ns:
+            refusal = f"the controller is {self.loop_lag_ns / 1e6:.0f} ms behind (max_loop_lag_ms)"
         if refusal is not None:
             self.metrics.rejections.labels(Outcome.OVERLOADED.value).inc(len(samples))
             raise ServiceError("overloaded", f"overloaded: {refusal}")
@@ -225,7 +234,19 @@ class ControllerService:
         self.worker_joined.set()
         if self._watchdog is None:
             self._watchdog = self.loop.create_task(self._watch_actions())
+        if self._lag_monitor is None:
+            self._lag_monitor = self.loop.create_task(self._watch_loop_lag())
         self.controller.pump()
+
+    async def _watch_loop_lag(self, period_s: float = 0.005) -> None:
+        """How far behind the event loop runs: how late a short timer wakes (the worst of the last ~100 ms)."""
+        period_ns = round(period_s * NS_PER_S)
+        while True:
+            begin = time.monotonic_ns()
+            await asyncio.sleep(period_s)
+            elapsed = time.monotonic_ns() - begin
+            decayed = self.loop_lag_ns * 0.5 ** (elapsed / 100e6)
+            self.loop_lag_ns = round(max(elapsed - period_ns, decayed))
 
     async def _watch_actions(self, period_s: float = 0.25) -> None:
         """A worker whose action never reports (a lane hung inside a live process, which still answers
@@ -341,8 +362,9 @@ class ControllerService:
     async def drain(self, timeout_s: float) -> int:
         """Stop accepting; wait up to ``timeout_s`` for outstanding requests, then answer the rest with an error."""
         self.accepting = False
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for task in (self._watchdog, self._lag_monitor):
+            if task is not None:
+                task.cancel()
         deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
         while self.controller.outstanding and self.clock.now_ns() < deadline:
             await asyncio.sleep(0.01)

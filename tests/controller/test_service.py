@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
@@ -18,7 +19,7 @@ from tests.fakes import profile
 
 
 def with_service(
-    test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]], **limits: int
+    test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]], **limits: float
 ) -> None:
     async def scenario() -> None:
         service = ControllerService(default_slo_ms=500, **limits)
@@ -150,3 +151,25 @@ def test_past_the_outstanding_limits_requests_are_refused_429_and_the_rest_serve
         await plane.infer("b", None, [one], None, {})  # room again once they are answered
 
     with_service(test, **limits)
+
+
+def test_a_controller_whose_loop_falls_behind_refuses_new_requests_429_until_it_catches_up() -> None:
+    async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
+        one = tensor(np.ones((1, 3), np.float32))
+        await plane.infer("a", None, [one], None, {})
+        await asyncio.sleep(0.02)
+        time.sleep(0.2)  # one long callback: not an overload
+        await asyncio.sleep(0.02)
+        await plane.infer("a", None, [one], None, {})
+        await asyncio.sleep(0.3)
+        for _ in range(6):  # the loop keeps falling behind (the controller's CPU is spent) ...
+            time.sleep(0.1)
+            await asyncio.sleep(0)  # ... and its timer wakes late again and again
+        with pytest.raises(InferenceError, match=r"ms behind \(max_loop_lag_ms\)") as refused:
+            await plane.infer("a", None, [one], None, {})
+        assert refused.value.status == 429 and refused.value.outcome is Outcome.OVERLOADED
+        await asyncio.sleep(0.5)  # caught up: the recorded lag halves every 100 ms
+        _, outputs = await plane.infer("a", None, [one], None, {})
+        assert outputs[0].data.shape == (1, 3)
+
+    with_service(test, max_loop_lag_ms=50)

@@ -104,7 +104,7 @@ class ControllerService:
         # CPU): new requests are refused at once, which is cheap, instead of queued, which would make
         # every pass slower until nothing meets its deadline (measured: benchmarks/controller_scale.py).
         self.max_loop_lag_ns = round(max_loop_lag_ms * 1e6)
-        self.loop_lag_ns = 0  # the recent worst lateness of a 5 ms timer, decaying by half every 100 ms
+        self.loop_lag_ns = 0  # how late a 5 ms timer wakes, held two ticks in a row, decaying by half every 100 ms
         self._open_bytes = 0
         self._bytes_of: dict[int, int] = {}
         self.policy_name = policy
@@ -239,14 +239,17 @@ class ControllerService:
         self.controller.pump()
 
     async def _watch_loop_lag(self, period_s: float = 0.005) -> None:
-        """How far behind the event loop runs: how late a short timer wakes (the worst of the last ~100 ms)."""
+        """How far behind the event loop runs: how late a short timer wakes. The lesser of two wakes in a
+        row: one long callback (a large body decoded, a collection) delays one wake, an overloaded loop
+        every one. The figure then decays by half every 100 ms."""
         period_ns = round(period_s * NS_PER_S)
+        previous = 0
         while True:
             begin = time.monotonic_ns()
             await asyncio.sleep(period_s)
             elapsed = time.monotonic_ns() - begin
-            decayed = self.loop_lag_ns * 0.5 ** (elapsed / 100e6)
-            self.loop_lag_ns = round(max(elapsed - period_ns, decayed))
+            late, previous = min(elapsed - period_ns, previous), elapsed - period_ns
+            self.loop_lag_ns = round(max(late, self.loop_lag_ns * 0.5 ** (elapsed / 100e6)))
 
     async def _watch_actions(self, period_s: float = 0.25) -> None:
         """A worker whose action never reports (a lane hung inside a live process, which still answers

@@ -52,9 +52,10 @@ def run_window(task: tuple[int, int, float, float, str, int]) -> dict[str, Any]:
     scale = window_scale(minute, duration_s, target_rps)
     workload = AzureTrace(scale=scale, start_minute=minute - warmup_minutes)
     arrivals = generate_arrivals(workload, models, config)
-    row: dict[str, Any] = {"minute": minute, "seed": seed, "scale": scale, "requests": len(arrivals)}
+    row: dict[str, Any] = {"minute": minute, "seed": seed, "scale": scale}
     for policy in parse_policies(policies):
         report = simulate(policy, models, workload, config, arrivals).report
+        row["requests"] = report.requests  # counted: those that arrived after the warm-up
         misses = report.requests - round(report.slo_attainment * report.requests)
         row[policy] = {"misses": misses, "late": report.late, "busy": report.device_busy}
     return row

@@ -8,6 +8,7 @@ controller; the client has the other core). Prints requests/s and the server pro
 CPU time per request.
 
     .venv/bin/python benchmarks/controller_throughput.py [--seconds 10] [--devices 2] [--models 100]
+        [--loops asyncio,uvloop --rounds 2]   # event loops side by side, alternating (uvloop if installed)
 """
 
 from __future__ import annotations
@@ -108,16 +109,25 @@ async def over_http(service: ControllerService, seconds: float, concurrency: int
     return int(output.decode().split()[-1])
 
 
-async def measure(args: argparse.Namespace) -> None:
+async def measure(args: argparse.Namespace, loop_name: str) -> None:
     service = await start_service(args.devices, args.models)
-    print(f"instant model, {args.devices} emulated devices, {args.models} models, clockwork policy")
     for name, run in (("direct (controller only)", direct), ("KServe v2 HTTP (frontend + controller)", over_http)):
         before, begin = cpu_s(), time.monotonic()
         done = await run(service, args.seconds, args.concurrency, args.models)
         wall, cpu = time.monotonic() - begin, cpu_s() - before
-        print(f"{name:<40} {done / wall:>8.0f} r/s  {cpu / done * 1e6:>6.0f} us CPU/request "
-              f"(server process, {cpu / wall:.2f} cores)")  # fmt: skip
+        print(f"{loop_name:<8} {name:<40} {done / wall:>8.0f} r/s  {cpu / done * 1e6:>6.0f} us CPU/request "
+              f"(server process, {cpu / wall:.2f} cores)", flush=True)  # fmt: skip
     assert service.controller.outstanding == 0
+
+
+def run_with_loop(args: argparse.Namespace, loop_name: str) -> None:
+    if loop_name == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    else:
+        asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+    asyncio.run(measure(args, loop_name))
 
 
 def main() -> None:
@@ -126,12 +136,17 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--models", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--loops", default="asyncio", help="event loops to compare, comma-separated (uvloop)")
+    parser.add_argument("--rounds", type=int, default=1, help="times through the loops, alternating")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
         asyncio.run(client_main(args.client, args.seconds, args.concurrency, args.models))
-    else:
-        asyncio.run(measure(args))
+        return
+    print(f"instant model, {args.devices} emulated devices, {args.models} models, clockwork policy")
+    for _ in range(args.rounds):
+        for loop_name in args.loops.split(","):
+            run_with_loop(args, loop_name)
 
 
 if __name__ == "__main__":

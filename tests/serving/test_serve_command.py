@@ -35,6 +35,7 @@ def test_settings_come_from_file_then_environment_then_flags(tmp_path: Path) -> 
         ({"MAINSPRING_COLOUR": "red"}, "environment variable MAINSPRING_COLOUR: unknown setting 'colour'"),
         ({"MAINSPRING_WORKERS": "ray"}, "workers='ray' must be 'local' or 'tcp'"),
         ({"MAINSPRING_PIN_CPU_WORKERS": "maybe"}, "pin_cpu_workers='maybe' is not a bool"),
+        ({"MAINSPRING_MAX_LOOP_LAG_MS": "-5"}, "max_loop_lag_ms=-5.0 must not be negative"),
     ],
 )
 def test_bad_settings_name_the_setting(env: dict[str, str], message: str) -> None:

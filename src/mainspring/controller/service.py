@@ -93,7 +93,7 @@ class ControllerService:
         max_outstanding: int = 100_000,
         max_outstanding_bytes: int = 2 * 1024**3,
         log_dir: Path | None = None,
-        max_loop_lag_ms: float = 50.0,
+        max_loop_lag_ms: float | None = None,
     ) -> None:
         self.clock = WallClock()
         self.watchdog_grace_s = watchdog_grace_s  # beyond an action's window and twice its expected duration
@@ -103,7 +103,9 @@ class ControllerService:
         # Past this many ms behind its schedule the event loop itself is the bottleneck (the controller's
         # CPU): new requests are refused at once, which is cheap, instead of queued, which would make
         # every pass slower until nothing meets its deadline (measured: benchmarks/controller_scale.py).
-        self.max_loop_lag_ns = round(max_loop_lag_ms * 1e6)
+        # By default half the default SLO: a loop that late leaves requests little of their time.
+        lag_ms = max_loop_lag_ms if max_loop_lag_ms is not None else default_slo_ms / 2
+        self.max_loop_lag_ns = round(lag_ms * 1e6)
         self.loop_lag_ns = 0  # how late a 5 ms timer wakes, held two ticks in a row, decaying by half every 100 ms
         self._open_bytes = 0
         self._bytes_of: dict[int, int] = {}

@@ -72,6 +72,9 @@ class ServeConfig:
     max_outstanding_mib: int = 512  # their input tensors (the server holds about 3x this); past it 429
     # The controller's event loop this far behind: new requests 429 (its CPU is spent); 0: half of slo_ms.
     max_loop_lag_ms: float = 0.0
+    # "uvloop": more requests/s through one controller, but its millisecond timers cost attainment
+    # (docs/benchmarks.md); needs `pip install uvloop`.
+    event_loop: str = "asyncio"
     # Security: set the secrets in the config file or the environment, never as flags (``ps`` shows flags).
     auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)
     auth_inference: bool = False  # require the token for inference, metadata, statistics and metrics too
@@ -95,6 +98,8 @@ class ServeConfig:
             problems.append(f"policy={self.policy!r} is not one of {', '.join(policy_names())}")
         if not 0 <= self.deadline_margin_ms < self.slo_ms:
             problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must lie in [0, slo_ms)")
+        if self.event_loop not in ("asyncio", "uvloop"):
+            problems.append(f"event_loop={self.event_loop!r} must be 'asyncio' or 'uvloop'")
         if self.max_loop_lag_ms < 0:
             problems.append(f"max_loop_lag_ms={self.max_loop_lag_ms} must not be negative")
         if self.max_restarts_per_minute < 0:
@@ -364,20 +369,23 @@ class Server:
 
 
 def use_uvloop() -> None:
-    """uvloop's event loop where it is installed: the controller alone handled 1.65-1.9x the requests
-    per second, through HTTP 1.04-1.24x (``benchmarks/controller_throughput.py --loops asyncio,uvloop``)."""
+    """uvloop's event loop (``event_loop = "uvloop"``): the controller alone handled 1.65-1.9x the
+    requests per second, through HTTP 1.04-1.24x, but libuv's timers count whole milliseconds, and live
+    attainment fell (many models at 40 r/s: 97.9-98.1% against 99.3-99.4%): not the default."""
     try:
         import uvloop
-    except ImportError:  # optional: asyncio's own loop serves the same, slower
-        return
+    except ImportError:
+        raise RuntimeError("event_loop = 'uvloop' needs the uvloop package: pip install uvloop") from None
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def run_server(config: ServeConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints every thread's stack
-    use_uvloop()
     try:
+        if config.event_loop == "uvloop":
+            use_uvloop()
+            log.info("event loop: uvloop")
         asyncio.run(Server(config).serve_until_stopped())
     except (RuntimeError, OSError) as error:
         log.error("%s", error)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mainspring.models.repository import ModelRepository
 from mainspring.serve import ServeConfig, load_config
 from tests.serving.processes import free_port, http_call
 
@@ -36,6 +37,7 @@ def test_settings_come_from_file_then_environment_then_flags(tmp_path: Path) -> 
         ({"MAINSPRING_WORKERS": "ray"}, "workers='ray' must be 'local' or 'tcp'"),
         ({"MAINSPRING_PIN_CPU_WORKERS": "maybe"}, "pin_cpu_workers='maybe' is not a bool"),
         ({"MAINSPRING_MAX_LOOP_LAG_MS": "-5"}, "max_loop_lag_ms=-5.0 must not be negative"),
+        ({"MAINSPRING_EVENT_LOOP": "trio"}, "event_loop='trio' must be 'asyncio' or 'uvloop'"),
     ],
 )
 def test_bad_settings_name_the_setting(env: dict[str, str], message: str) -> None:
@@ -86,3 +88,22 @@ def test_first_start_builds_the_zoo_and_sigterm_answers_what_is_in_flight(tmp_pa
     assert set(statuses) <= {200, 503, -1}, statuses  # served, refused while draining, or not accepted (-1)
     text = log.read_text()
     assert "first start: writing the built-in zoo" in text and "stopped" in text and "Traceback" not in text
+
+
+def test_the_uvloop_event_loop_serves_when_chosen(small_zoo: ModelRepository, tmp_path: Path) -> None:
+    import shutil
+
+    from tests.serving.processes import ServerProcess
+    from tests.serving.test_worker_loss import body
+
+    shutil.copytree(small_zoo.root, tmp_path / "repo")
+    server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--slo-ms", "30000",
+                           env={"MAINSPRING_EVENT_LOOP": "uvloop"})  # fmt: skip
+    try:
+        server.wait_ready()
+        for model in ("mlp", "bert_tiny"):
+            status, reply = http_call(f"http://{server.http}/v2/models/{model}/infer", body(model))
+            assert status == 200, reply
+        assert "event loop: uvloop" in (tmp_path / "server.log").read_text()
+    finally:
+        assert server.stop() == 0, (tmp_path / "server.log").read_text()

@@ -370,8 +370,9 @@ class Server:
 
 def use_uvloop() -> None:
     """uvloop's event loop (``event_loop = "uvloop"``): the controller alone handled 1.65-1.9x the
-    requests per second, through HTTP 1.04-1.24x, but libuv's timers count whole milliseconds, and live
-    attainment fell (many models at 40 r/s: 97.9-98.1% against 99.3-99.4%): not the default."""
+    requests per second, through HTTP 1.04-1.24x, but live
+    attainment fell (many models at 40 r/s: 97.9-98.1% against 99.3-99.4%; libuv's millisecond timers
+    are the likely cause): not the default."""
     try:
         import uvloop
     except ImportError:

@@ -28,6 +28,15 @@ PAGED_MIN_ELEMENTS = 16
 _FLOAT_TYPES = {1, 10, 11}  # ONNX TensorProto FLOAT, FLOAT16, DOUBLE
 
 
+def fixed_batch(graph: onnx.GraphProto, input_name: str | None = None) -> int | None:
+    """The batch dimension of ``input_name`` (default: the graph's first input that is not an
+    initializer) when the graph fixes it, else None: such a model is served at that size only."""
+    constants = {i.name for i in graph.initializer}
+    inputs = [i for i in graph.input if (i.name == input_name if input_name else i.name not in constants)]
+    dims = inputs[0].type.tensor_type.shape.dim if inputs else []
+    return int(dims[0].dim_value) if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0 else None
+
+
 class OnnxModule(nn.Module):
     """``forward(*inputs)`` in the order of ``input_names``; returns the outputs in ``output_names`` order."""
 
@@ -47,9 +56,7 @@ class OnnxModule(nn.Module):
                                  f"{sorted(declared)}, outputs: {[o.name for o in graph.output]})")  # fmt: skip
         self.input_names = input_names
         self.output_names = output_names
-        first = next(i for i in graph.input if i.name == input_names[0]).type.tensor_type.shape.dim
-        # The graph's batch dimension when it fixes one: the model is then served at that size only.
-        self.fixed_batch = int(first[0].dim_value) if first and first[0].HasField("dim_value") else None
+        self.fixed_batch = fixed_batch(graph, input_names[0])
         self.weight_names: list[str] = []
         kept = []
         for index, initializer in enumerate(graph.initializer):

@@ -142,15 +142,14 @@ def _onnx_fixed_batch(model_file: Path) -> int | None:
     """The first input's batch dimension when the ONNX graph fixes it; None when it varies (or no file)."""
     if not model_file.is_file():
         return None
-    import onnx
+    try:
+        import onnx
 
+        from mainspring.models.onnx_module import fixed_batch
+    except ModuleNotFoundError:
+        return None  # the loader refuses the model naming the missing package
     try:
         graph = onnx.load(str(model_file), load_external_data=False).graph
     except Exception as error:  # the worker names the file again when it loads it; here only the shape matters
         raise ModelLoadError(f"{model_file}: not an ONNX model ({type(error).__name__})") from None
-    declared = {i.name for i in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in declared]
-    if not inputs or not inputs[0].type.tensor_type.shape.dim:
-        return None
-    first = inputs[0].type.tensor_type.shape.dim[0]
-    return int(first.dim_value) if first.HasField("dim_value") and first.dim_value > 0 else None
+    return fixed_batch(graph)

@@ -249,13 +249,18 @@ def build_model(name: str, args: Mapping[str, int] | None = None, seed: int = 0)
     return model.eval()
 
 
+def torch_dtype(datatype: str) -> torch.dtype:
+    """The torch dtype of a KServe datatype (``FP32`` -> ``torch.float32``)."""
+    return torch.from_numpy(np.zeros(0, dtype=numpy_dtype(datatype))).dtype
+
+
 def example_inputs(specs: tuple[TensorSpec, ...], batch: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Random inputs of the given batch: normal floats, small non-negative integers (valid token ids)."""
     generator = torch.Generator().manual_seed(seed)
     tensors = []
     for spec in specs:
         shape = (batch, *spec.sample_shape)
-        dtype = torch.from_numpy(np.zeros(0, dtype=numpy_dtype(spec.datatype))).dtype  # the model's own
+        dtype = torch_dtype(spec.datatype)  # the model's own
         if spec.datatype.startswith("FP"):
             tensors.append(torch.randn(shape, generator=generator).to(dtype))
         else:

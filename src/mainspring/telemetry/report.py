@@ -77,8 +77,8 @@ def build_report(
 ) -> RunReport:
     """Summarise a finished run. Rates are per second of the arrival window ``duration_ns``; with
     ``counted_from_ns`` (a warm-up), only requests that arrived and actions that began from then on."""
-    rows = [r for r in recorder.requests if r.arrival_ns >= counted_from_ns] if counted_from_ns else recorder.requests
-    actions = [a for a in recorder.actions if a.sent_ns >= counted_from_ns] if counted_from_ns else recorder.actions
+    rows = [r for r in recorder.requests if r.arrival_ns >= counted_from_ns]
+    actions = [a for a in recorder.actions if a.sent_ns >= counted_from_ns]
     seconds = max(duration_ns, 1) / NS_PER_S
     success = ResponseStatus.SUCCESS.value
     counts = {status.value: 0 for status in ResponseStatus}

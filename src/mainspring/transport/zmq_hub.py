@@ -54,12 +54,11 @@ class RemoteWorker:
         self._hub = hub
 
     def send_action(self, action: Action, inputs: list[Any] | None) -> None:
-        translated = msgspec.structs.replace(
-            action, earliest_ns=self.sync.to_worker(action.earliest_ns), latest_ns=self.sync.to_worker(action.latest_ns)
-        )
-        if isinstance(translated, Infer) and translated.deadlines_ns:
-            deadlines = tuple(self.sync.to_worker(d) for d in translated.deadlines_ns)
-            translated = msgspec.structs.replace(translated, deadlines_ns=deadlines)
+        to_worker = self.sync.to_worker
+        times: dict[str, Any] = {"earliest_ns": to_worker(action.earliest_ns), "latest_ns": to_worker(action.latest_ns)}
+        if isinstance(action, Infer) and action.deadlines_ns:
+            times["deadlines_ns"] = tuple(to_worker(d) for d in action.deadlines_ns)
+        translated = msgspec.structs.replace(action, **times)
         metas = metas_of(inputs) if inputs is not None else None
         self._hub.send(self, Act(translated, metas), inputs)
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from mainspring.models.repository import ModelConfig
+from mainspring.models.zoo import torch_dtype
 from mainspring.protocol import (
     Action,
     ActionResult,
@@ -149,7 +150,7 @@ class TorchDevice:
         with self._inference():
             inputs = {
                 b: tuple(
-                    torch.zeros((b, *spec.sample_shape), dtype=_torch_dtype(spec.datatype), device=self.device)
+                    torch.zeros((b, *spec.sample_shape), dtype=torch_dtype(spec.datatype), device=self.device)
                     for spec in config.inputs
                 )
                 for b in config.batch_sizes
@@ -264,13 +265,14 @@ class TorchDevice:
         outputs: list[object] = []
         failed: dict[int, str] = {}
         unchecked: list[int] = []
-        alone_ns = action.expected_duration_ns  # the batch's: an upper bound until one has run alone
+        longest_alone: int | None = None  # until one has run alone, the batch's duration bounds it
         for index, sample in enumerate(samples):
             outputs.append({})
             if len(samples) == 1:  # it has just failed alone
                 failed[index] = message
                 break
             started = self._clock.now_ns()
+            alone_ns = action.expected_duration_ns if longest_alone is None else longest_alone
             if action.deadlines_ns and started + alone_ns > action.deadlines_ns[index]:
                 unchecked.append(index)
                 continue
@@ -279,8 +281,7 @@ class TorchDevice:
                 outputs[-1] = {name: np.array(array[0:1]) for name, array in zip(names, arrays, strict=True)}
             except Exception as alone:
                 failed[index] = f"{type(alone).__name__}: {alone}"
-            took = self._clock.now_ns() - started
-            alone_ns = took if alone_ns == action.expected_duration_ns else max(alone_ns, took)
+            longest_alone = max(longest_alone or 0, self._clock.now_ns() - started)
         timing = Timing(begin, self._clock.now_ns())
         if self._resident.get(action.model) is not residency:
             return self._discarded(action, timing)
@@ -407,12 +408,8 @@ def _check_outputs(config: ModelConfig, outputs: tuple[torch.Tensor, ...], batch
             raise ValueError(
                 f"output {spec.name!r}: the model returns shape {list(tensor.shape)}, config says {list(spec.shape)}"
             )
-        if tensor.dtype != _torch_dtype(spec.datatype):
+        if tensor.dtype != torch_dtype(spec.datatype):
             raise ValueError(f"output {spec.name!r}: the model returns {tensor.dtype}, config says {spec.datatype}")
-
-
-def _torch_dtype(datatype: str) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype=numpy_dtype(datatype))).dtype
 
 
 def _as_tuple(result: object) -> tuple[torch.Tensor, ...]:

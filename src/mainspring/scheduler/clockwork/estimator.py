@@ -94,14 +94,18 @@ class Estimator:
         self._exec_ratio: dict[str, RollingPercentile] = {}
         self._load_ratio: dict[str, RollingPercentile] = {}
         self._max_age_ns = max_age_ns
-        self._observed: deque[tuple[int, RollingPercentile, int, bool]] = deque()  # when, window, serial, whole
-        self.generation = 0  # changes whenever an estimate may have: lets callers cache derived values
+        # when, window, serial, whole (a model's window, not a ratio), and what it changes (``_changed``)
+        self._observed: deque[tuple[int, RollingPercentile, int, bool, tuple[str, str] | str | None]] = deque()
+        # Change counters, so that callers can cache values derived from estimates (``exec_changes``):
+        # per (model, kind) of its exec windows, and per kind of its exec ratio's value.
+        self.exec_changes: dict[tuple[str, str], int] = {}
+        self.ratio_changes: dict[str, int] = {}
 
     def forget(self, model: str) -> None:
         """Drop a model's measurements (it was unloaded; a new version starts from its profile)."""
-        self.generation += 1
         for key in [k for k in self._exec if k[0] == model]:
             del self._exec[key]
+            self._changed((model, key[2]))
         for load_key in [k for k in self._load if k[0] == model]:
             del self._load[load_key]
 
@@ -139,13 +143,13 @@ class Estimator:
 
     def observe_exec(self, model: str, batch_size: int, kind: str, measured_ns: int, at_ns: int) -> None:
         profiled = self._profiles[model].exec_ns[batch_size]
-        self._add(self._entry(self._exec, (model, batch_size, kind), profiled), measured_ns, at_ns, True)
-        self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False)
+        self._add(self._entry(self._exec, (model, batch_size, kind), profiled), measured_ns, at_ns, True, (model, kind))
+        self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False, kind)
 
     def observe_load(self, model: str, kind: str, measured_ns: int, at_ns: int) -> None:
         profiled = self._profiles[model].load_ns
-        self._add(self._entry(self._load, (model, kind), profiled), measured_ns, at_ns, True)
-        self._add(self._ratio(self._load_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False)
+        self._add(self._entry(self._load, (model, kind), profiled), measured_ns, at_ns, True, None)
+        self._add(self._ratio(self._load_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False, None)
 
     def restart_exec(self, model: str, batch_size: int, kind: str, measured_ns: int, at_ns: int) -> None:
         """A probe's measurement replaces the window: the whole window, so that neither older values
@@ -154,14 +158,25 @@ class Estimator:
         entry = self._entry(self._exec, (model, batch_size, kind), profiled)
         entry.clear()
         for _ in range(self._window):
-            self._add(entry, measured_ns, at_ns, True)
-        self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False)
+            self._add(entry, measured_ns, at_ns, True, (model, kind))
+        self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False, kind)
 
-    def _add(self, window: RollingPercentile, value: int, at_ns: int, whole: bool) -> None:
-        self.generation += 1
+    def _add(
+        self, window: RollingPercentile, value: int, at_ns: int, whole: bool, changes: tuple[str, str] | str | None
+    ) -> None:
+        before = window.value
         window.add(value)
+        if changes is not None and (whole or window.value != before):
+            self._changed(changes)
         if self._max_age_ns is not None:
-            self._observed.append((at_ns, window, window.added, whole))
+            self._observed.append((at_ns, window, window.added, whole, changes))
+
+    def _changed(self, changes: tuple[str, str] | str) -> None:
+        """Count a change of a model's exec windows on a kind ``(model, kind)``, or of a kind's exec ratio."""
+        if isinstance(changes, str):
+            self.ratio_changes[changes] = self.ratio_changes.get(changes, 0) + 1
+        else:
+            self.exec_changes[changes] = self.exec_changes.get(changes, 0) + 1
 
     def expire(self, now_ns: int) -> None:
         """Age measurements out. A model's window is forgotten whole once it has not been measured
@@ -173,13 +188,16 @@ class Estimator:
         cutoff = now_ns - self._max_age_ns
         observed = self._observed
         while observed and observed[0][0] < cutoff:
-            _, window, serial, whole = observed.popleft()
+            _, window, serial, whole, changes = observed.popleft()
+            before = window.value
             if whole and window.added == serial:  # nothing measured since
                 window.clear()
-                self.generation += 1
             elif not whole and window.holds(serial):  # oldest first: it is the window's oldest
                 window.drop_oldest()
-                self.generation += 1
+            else:
+                continue
+            if changes is not None and (whole or window.value != before):
+                self._changed(changes)
 
 
 class DecayingRate:

@@ -78,7 +78,7 @@ class LoadPlanner:
     def plan(self, now_ns: int, decisions: Decisions, issue: LoadIssuer) -> None:
         """On every device whose load lane frees within the horizon, load the model most in need."""
         limit = now_ns + self.config.horizon_ns
-        free = [d for d in self._residency.devices if d.load_lane.free_ns <= limit]
+        free = self._residency.load_due.due(limit)
         if not free:
             return
         candidates, device_load = self._candidates(now_ns)

@@ -30,6 +30,7 @@ from mainspring.protocol import (
 from mainspring.scheduler.base import Decisions
 from mainspring.scheduler.clockwork.admission import Admission
 from mainspring.scheduler.clockwork.config import ClockworkConfig
+from mainspring.scheduler.clockwork.due import always
 from mainspring.scheduler.clockwork.estimator import Estimator
 from mainspring.scheduler.clockwork.loads import LoadPlanner
 from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
@@ -68,6 +69,10 @@ class _Flight:
     requests: list[Request]
     generation: int  # the model's residency the action was planned for
     probe: bool = False  # run against the estimates: its measurement replaces them
+
+
+def _load_busy(device: DeviceState) -> bool:
+    return device.load_lane.busy
 
 
 class ClockworkScheduler(PolicyBookkeeping):
@@ -142,8 +147,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         self._expire(now_ns)
         self.estimator.expire(now_ns)
         limit = now_ns + self.horizon_ns
-        for device in self.residency.devices:
-            if device.waiting and device.exec_lane.free_ns <= limit:
+        for device in self.residency.exec_due.due(limit):
+            if device.waiting and device.exec_lane.free_ns <= limit:  # planning another may have closed its queues
                 self._plan_infers(device, now_ns, decisions)
         if self.config.spill_after is not None:
             self._spill_the_stranded(now_ns, self.config.spill_after)
@@ -277,10 +282,17 @@ class ClockworkScheduler(PolicyBookkeeping):
         """The largest batch of ``model`` that meets its most urgent deadline here, with its slack."""
         if model in device.loading:
             return None  # planned when the load reports: an infer must never race its own load
-        head = self._feasible_head(self.queues[model], now_ns)
-        if head is None:
-            return None
-        choice = self._batch_within(device, model, start_ns, head.deadline_ns)
+        queue = self.queues[model]
+        head = queue.head()
+        # A batch that fits here proves the head feasible (this device holds the model, ready by
+        # ``start_ns``): only when none fits is it worth asking every holder (``_feasible_head``).
+        choice = None if head is None else self._batch_within(device, model, start_ns, head.deadline_ns)
+        if choice is None:
+            feasible = self._feasible_head(queue, now_ns)
+            if feasible is None:
+                return None
+            if feasible is not head:
+                choice = self._batch_within(device, model, start_ns, feasible.deadline_ns)
         if self.config.whole_batches and choice is not None:
             choice = self._keep_backlog_whole(device, model, start_ns, choice)
         return choice
@@ -323,11 +335,12 @@ class ClockworkScheduler(PolicyBookkeeping):
         if head is None:
             return None
         kind = device.kind
-        sizes = self.shapes.sizes(model)
+        table = self.shapes.estimates(model, kind)[0]
+        smallest = table[0][0]
         longest = self.config.max_batch_slo_fraction * head.slo_ns if len(device.waiting) > 1 else NEVER
-        for size in reversed(sizes):
-            exec_ns = self.estimator.exec_ns(model, size, kind)
-            if start_ns + exec_ns + self._margin_ns <= finish_by_ns and (exec_ns <= longest or size == sizes[0]):
+        latest_end = finish_by_ns - self._margin_ns - start_ns
+        for size, exec_ns in reversed(table):
+            if exec_ns <= latest_end and (exec_ns <= longest or size == smallest):
                 count = min(queue.count, size)
                 padded, padded_ns = self.shapes.cheapest(model, count, size, kind)
                 return _Choice(
@@ -577,12 +590,12 @@ class ClockworkScheduler(PolicyBookkeeping):
         expiry = self.queues.next_expiry_ns()
         best = expiry if expiry is not None and expiry > now_ns else NEVER
         after = now_ns + self.horizon_ns  # lanes due later than this wake the policy
-        loads_wanted = self.loads.wanted
-        for d in self.residency.devices:
-            if d.waiting and after < d.exec_lane.free_ns < best + self.horizon_ns:
-                best = d.exec_lane.free_ns - self.horizon_ns
-            if loads_wanted and d.load_lane.busy and after < d.load_lane.free_ns < best + self.horizon_ns:
-                best = d.load_lane.free_ns - self.horizon_ns
+        lanes = [self.residency.exec_due.next_after(after, always)]
+        if self.loads.wanted:
+            lanes.append(self.residency.load_due.next_after(after, _load_busy))
+        for free_ns in lanes:
+            if free_ns < best + self.horizon_ns:
+                best = free_ns - self.horizon_ns
         return None if best == NEVER else best
 
     def _fastest_anywhere(self, model: str) -> int:

@@ -7,12 +7,28 @@ unloaded, or unloaded and added again meanwhile) only frees its lane.
 
 from __future__ import annotations
 
+from functools import partial
+
 from mainspring.protocol import DeviceSpec
-from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.clockwork.due import DueDevices, always
+from mainspring.scheduler.clockwork.tracker import DeviceState, LaneTracker
+
+
+def _exec_lane(device: DeviceState) -> LaneTracker:
+    return device.exec_lane
+
+
+def _load_lane(device: DeviceState) -> LaneTracker:
+    return device.load_lane
+
+
+def _has_waiting(device: DeviceState) -> bool:
+    return bool(device.waiting)
 
 
 class Residency:
-    """The devices and which models they hold; ``cold`` are queued models held nowhere."""
+    """The devices and which models they hold; ``cold`` are queued models held nowhere.
+    ``exec_due``: devices with queued models by exec lane; ``load_due``: devices by load lane."""
 
     def __init__(self, specs: list[DeviceSpec], rate_memory_ns: int) -> None:
         self._rate_memory_ns = rate_memory_ns
@@ -23,6 +39,9 @@ class Residency:
         self.queued: set[str] = set()  # models with a request queue (kept by the policy)
         self.cold: set[str] = set()
         self._generation = 0
+        self._added = 0
+        self.exec_due = DueDevices(_exec_lane, _has_waiting)
+        self.load_due = DueDevices(_load_lane, always)
         for spec in specs:
             self.add_device(spec)
 
@@ -38,7 +57,11 @@ class Residency:
     def add_device(self, spec: DeviceSpec) -> None:
         if spec.device in self._by_id:
             raise ValueError(f"device {spec.device} is already known")
-        device = DeviceState(spec, self._rate_memory_ns)
+        device = DeviceState(spec, self._rate_memory_ns, self._added)
+        self._added += 1
+        device.exec_lane.moved = partial(self.exec_due.moved, device)
+        device.load_lane.moved = partial(self.load_due.moved, device)
+        self.load_due.moved(device)
         self.devices.append(device)
         self._by_id[spec.device] = device
         self.kinds = sorted({d.kind for d in self.devices})
@@ -49,6 +72,7 @@ class Residency:
         for model in list(device.ready_ns):
             self.release(device, model, pages_of[model])
         self.devices.remove(device)
+        device.removed = True
         self.kinds = sorted({d.kind for d in self.devices})
         return device
 
@@ -62,7 +86,7 @@ class Residency:
         device.touch(model, ready_ns)
         self.holders.setdefault(model, set()).add(device.spec.device)
         if model in self.queued:
-            device.waiting.add(model)
+            self._wait(device, model)
             self.cold.discard(model)
         return self._generation
 
@@ -92,9 +116,14 @@ class Residency:
         holders = self.holders.get(model)
         if holders:
             for device_id in holders:
-                self._by_id[device_id].waiting.add(model)
+                self._wait(self._by_id[device_id], model)
         else:
             self.cold.add(model)
+
+    def _wait(self, device: DeviceState, model: str) -> None:
+        if not device.waiting:
+            self.exec_due.moved(device)  # it wants planning again
+        device.waiting.add(model)
 
     def queue_closed(self, model: str) -> None:
         self.queued.discard(model)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from mainspring.models.profile import ModelProfile
 from mainspring.scheduler.clockwork.estimator import Estimator
+from mainspring.scheduler.clockwork.tracker import NEVER
 
 
 class BatchShapes:
@@ -16,11 +17,14 @@ class BatchShapes:
         self.estimator = estimator
         self._cap = max_batch_size
         self._sizes: dict[str, tuple[int, ...]] = {}
-        self._fastest: dict[tuple[str, str], int] = {}  # valid for one estimator generation
-        self._fastest_generation = -1
+        # (model, kind) -> its sizes with their estimates, the least estimate, and the estimator's
+        # change counters they were derived at (see ``estimates``)
+        self._estimates: dict[tuple[str, str], tuple[tuple[tuple[int, int], ...], int, int, int]] = {}
 
     def forget(self, model: str) -> None:
         self._sizes.pop(model, None)
+        for key in [k for k in self._estimates if k[0] == model]:
+            del self._estimates[key]
 
     def sizes(self, model: str) -> tuple[int, ...]:
         sizes = self._sizes.get(model)
@@ -41,28 +45,39 @@ class BatchShapes:
         """The size from the one that holds ``count`` up to ``up_to`` with the least estimate, and
         that estimate. Estimates are p99s of short windows: one spike can make a batch of 8 look
         slower than one of 16, and then padding further is the faster (and the feasible) choice."""
-        best_size, best_ns = up_to, self.estimator.exec_ns(model, up_to, kind)
-        for size in self.sizes(model):
-            if count <= size < up_to:
-                exec_ns = self.estimator.exec_ns(model, size, kind)
-                if exec_ns < best_ns:
-                    best_size, best_ns = size, exec_ns
-        return best_size, best_ns
+        best_size, best_ns, up_to_ns = 0, NEVER, -1
+        for size, exec_ns in self.estimates(model, kind)[0]:  # smallest first: ties go to the smaller
+            if size >= up_to:
+                if size == up_to:
+                    up_to_ns = exec_ns
+                break
+            if count <= size and exec_ns < best_ns:
+                best_size, best_ns = size, exec_ns
+        if up_to_ns < 0:  # not one of the sizes
+            up_to_ns = self.estimator.exec_ns(model, up_to, kind)
+        return (best_size, best_ns) if best_ns < up_to_ns else (up_to, up_to_ns)
 
     def fastest_ns(self, model: str, kind: str) -> int:
         """The least any request of ``model`` needs on ``kind``: the least estimate of any size, as
         padding picks (``cheapest``). Usually the smallest batch's; but one stall in its window (a live
         CPU worker measured 104 ms for a 15 ms batch) would otherwise turn every lone request away
         while the planner serves such requests padded to a size whose estimate is sane."""
+        return self.estimates(model, kind)[1]
+
+    def estimates(self, model: str, kind: str) -> tuple[tuple[tuple[int, int], ...], int]:
+        """``((size, estimate), ...)`` for the model's sizes, smallest first, and the least estimate.
+        Kept until the estimator counts a change that could move them: the planner reads them for
+        every waiting model on every pass, and most have not been measured since."""
         estimator = self.estimator
-        if estimator.generation != self._fastest_generation:  # estimates changed: forget the derived values
-            self._fastest.clear()
-            self._fastest_generation = estimator.generation
         key = (model, kind)
-        fastest = self._fastest.get(key)
-        if fastest is None:
-            fastest = self._fastest[key] = min(estimator.exec_ns(model, size, kind) for size in self.sizes(model))
-        return fastest
+        changes, ratio_changes = estimator.exec_changes.get(key, 0), estimator.ratio_changes.get(kind, 0)
+        cached = self._estimates.get(key)
+        if cached is not None and cached[2] == changes and cached[3] == ratio_changes:
+            return cached[0], cached[1]
+        table = tuple((size, estimator.exec_ns(model, size, kind)) for size in self.sizes(model))
+        fastest = min(exec_ns for _, exec_ns in table)
+        self._estimates[key] = (table, fastest, changes, ratio_changes)
+        return table, fastest
 
     def work_ns(self, model: str, count: int, kind: str) -> int:
         """Exec time of ``count`` requests: full batches of the largest size, then the cheapest size for the rest."""

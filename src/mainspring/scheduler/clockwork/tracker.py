@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from mainspring.protocol import DeviceSpec
 from mainspring.scheduler.clockwork.estimator import DecayingRate
@@ -18,16 +19,19 @@ class LaneTracker:
     everything after it.
     """
 
-    __slots__ = ("_in_flight", "free_ns")
+    __slots__ = ("_in_flight", "free_ns", "moved")
 
     def __init__(self) -> None:
         self._in_flight: OrderedDict[int, tuple[int, int]] = OrderedDict()  # action -> (earliest, expected)
         self.free_ns = 0
+        self.moved: Callable[[], None] | None = None  # told whenever ``free_ns`` is predicted anew
 
     def plan(self, action_id: int, start_ns: int, expected_ns: int) -> int:
         """Add an action starting at ``start_ns``; returns its predicted end."""
         self._in_flight[action_id] = (start_ns, expected_ns)
         self.free_ns = start_ns + expected_ns
+        if self.moved is not None:
+            self.moved()
         return self.free_ns
 
     def complete(self, action_id: int, anchor_ns: int) -> None:
@@ -37,6 +41,8 @@ class LaneTracker:
         for earliest, expected in self._in_flight.values():
             t = max(t, earliest) + expected
         self.free_ns = t
+        if self.moved is not None:
+            self.moved()
 
     @property
     def busy(self) -> bool:
@@ -46,8 +52,10 @@ class LaneTracker:
 class DeviceState:
     """The controller's view of one device; the worker's page accounting, replayed."""
 
-    def __init__(self, spec: DeviceSpec, rate_memory_ns: int) -> None:
+    def __init__(self, spec: DeviceSpec, rate_memory_ns: int, order: int = 0) -> None:
         self.spec = spec
+        self.order = order  # position among the devices, in the order they were added
+        self.removed = False
         self.demand = DecayingRate(rate_memory_ns)  # share of this device recent arrivals asked for
         self.expired = DecayingRate(rate_memory_ns)  # requests of its models that expired in queue, recently
         self.served = DecayingRate(rate_memory_ns)  # requests it served, recently

@@ -1,0 +1,126 @@
+"""The clockwork policy's indices change its cost, never its decisions.
+
+The reference below finds due devices and the next wake-up by visiting every device, recomputes
+every estimate, and asks every holder whether a head is feasible before trying a batch, as the
+policy did before the indices; seeded runs of both must give byte-identical action and request
+logs over device counts, model counts, loads, SLOs and seeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mainspring.models.profile import builtin_profiles, model_copies
+from mainspring.protocol import Request
+from mainspring.scheduler.base import Scheduler
+from mainspring.scheduler.clockwork import ClockworkScheduler
+from mainspring.scheduler.clockwork.policy import _Choice
+from mainspring.scheduler.clockwork.shapes import BatchShapes
+from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
+from mainspring.scheduler.timed import TimedScheduler
+from mainspring.sim.run import SimulationConfig, simulate
+from mainspring.time import NS_PER_S, ms_to_ns
+from mainspring.workload import AzureTrace, PoissonOpenLoop, Workload
+
+
+class ScanningDue:
+    """``DueDevices`` by a scan of every device."""
+
+    def __init__(self, policy: ClockworkScheduler, exec_lane: bool) -> None:
+        self._policy = policy
+        self._exec = exec_lane
+
+    def moved(self, device: DeviceState) -> None:
+        pass
+
+    def _free(self, device: DeviceState) -> int:
+        return device.exec_lane.free_ns if self._exec else device.load_lane.free_ns
+
+    def due(self, limit_ns: int) -> list[DeviceState]:
+        return [
+            d for d in self._policy.residency.devices if (d.waiting or not self._exec) and self._free(d) <= limit_ns
+        ]
+
+    def next_after(self, after_ns: int, counts: object) -> int:
+        found = [
+            self._free(d)
+            for d in self._policy.residency.devices
+            if (d.waiting if self._exec else d.load_lane.busy) and self._free(d) > after_ns
+        ]
+        return min(found, default=NEVER)
+
+
+class UncachedShapes(BatchShapes):
+    def estimates(self, model: str, kind: str) -> tuple[tuple[tuple[int, int], ...], int]:
+        table = tuple((size, self.estimator.exec_ns(model, size, kind)) for size in self.sizes(model))
+        return table, min(ns for _, ns in table)
+
+
+class ReferenceClockwork(ClockworkScheduler):
+    def _best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> _Choice | None:
+        if model in device.loading:
+            return None
+        head: Request | None = self._feasible_head(self.queues[model], now_ns)
+        if head is None:
+            return None
+        choice = self._batch_within(device, model, start_ns, head.deadline_ns)
+        if self.config.whole_batches and choice is not None:
+            choice = self._keep_backlog_whole(device, model, start_ns, choice)
+        return choice
+
+
+def as_reference(timed: Scheduler) -> Scheduler:
+    assert isinstance(timed, TimedScheduler)
+    policy = timed.inner
+    assert isinstance(policy, ClockworkScheduler)
+    policy.__class__ = ReferenceClockwork
+    policy.shapes.__class__ = UncachedShapes
+    residency = policy.residency
+    residency.exec_due = ScanningDue(policy, exec_lane=True)  # type: ignore[assignment]
+    residency.load_due = ScanningDue(policy, exec_lane=False)  # type: ignore[assignment]
+    return timed
+
+
+def logs(tmp_path: Path, workload: Workload, config: SimulationConfig, copies: int, reference: bool) -> bytes:
+    models = model_copies(builtin_profiles(), copies)
+    result = simulate("clockwork", models, workload, config, wrap=as_reference if reference else None)
+    name = "reference" if reference else "indexed"
+    requests, actions = result.recorder.write_logs(tmp_path / name, name)
+    return actions.read_bytes() + requests.read_bytes()
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    devices=st.integers(1, 12),
+    copies=st.sampled_from([5, 30, 120, 400]),
+    rate_per_device=st.sampled_from([50.0, 250.0, 600.0]),
+    slo_ms=st.sampled_from([10, 25, 100, 500]),
+    seed=st.integers(0, 1000),
+    zipf=st.booleans(),
+)
+def test_indexed_policy_decides_as_the_scanning_reference(
+    tmp_path_factory: pytest.TempPathFactory,
+    devices: int,
+    copies: int,
+    rate_per_device: float,
+    slo_ms: int,
+    seed: int,
+    zipf: bool,
+) -> None:
+    tmp_path = tmp_path_factory.mktemp("indices")
+    workload = PoissonOpenLoop(rate_per_device * devices, "zipf" if zipf else "uniform")
+    config = SimulationConfig(duration_ns=NS_PER_S, devices=devices, seed=seed, slo_ns=ms_to_ns(slo_ms))
+    indexed = logs(tmp_path, workload, config, copies, reference=False)
+    assert indexed.count(b"\n") > 10
+    assert indexed == logs(tmp_path, workload, config, copies, reference=True)
+
+
+def test_indexed_policy_decides_as_the_reference_on_a_trace_with_loads_and_evictions(tmp_path: Path) -> None:
+    config = SimulationConfig(duration_ns=10 * NS_PER_S, devices=3, pool_bytes=2 * 1024**3, seed=7)
+    indexed = logs(tmp_path, AzureTrace(scale=30), config, 300, reference=False)
+    assert b"evict" in indexed and b"load" in indexed
+    assert indexed == logs(tmp_path, AzureTrace(scale=30), config, 300, reference=True)

@@ -27,9 +27,9 @@ import numpy as np
 from mainspring.controller.service import ControllerService, ServiceError
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.protocol import DeviceSpec, ResponseStatus
+from mainspring.protocol.pages import DEFAULT_POOL_BYTES
 from mainspring.transport.inprocess import InProcessWorker
-from mainspring.worker.api import EmulatedWorker
-from mainspring.worker.pages import DEFAULT_POOL_BYTES
+from mainspring.worker.emulated_worker import EmulatedWorker
 
 SLO_MS = 100.0
 

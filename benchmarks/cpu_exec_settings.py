@@ -27,7 +27,7 @@ from mainspring.models.profiler import ActionRunner, sample_inputs
 from mainspring.models.repository import ModelRepository
 from mainspring.models.zoo import example_inputs
 from mainspring.protocol import Infer, LoadWeights
-from mainspring.worker.pages import MIB
+from mainspring.protocol.pages import MIB
 from mainspring.worker.runtimes.torch_device import ExecSettings
 from mainspring.worker.torch_worker import TorchWorker
 

@@ -27,7 +27,7 @@ from mainspring.models.loading import export_zoo_model
 from mainspring.models.profiler import ActionRunner, ProfilerSettings, measure_exec
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol import LoadWeights
-from mainspring.worker.pages import MIB
+from mainspring.protocol.pages import MIB
 from mainspring.worker.torch_worker import TorchWorker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -7,9 +7,9 @@ from collections.abc import Iterator, Sequence
 
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, ActionStatus, Request, Timing
+from mainspring.protocol.pages import MIB
 from mainspring.scheduler.base import Decisions
 from mainspring.time import NS_PER_MS
-from mainspring.worker.pages import MIB
 from mainspring.workload.base import Arrival, Workload
 
 PAGE = 16 * MIB

@@ -13,11 +13,11 @@ from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_prof
 from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
 from mainspring.cli_workload import CliError, add_workload_arguments, workload_from
 from mainspring.models.profile import ModelProfile, builtin_profiles, load_profiles, model_copies
+from mainspring.protocol.pages import MIB
 from mainspring.scheduler.registry import DEFAULT_POLICY, parse_policies, policy_names
 from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
 from mainspring.telemetry.report import format_table
 from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
-from mainspring.worker.pages import MIB
 from mainspring.worker.runtimes.emulated import NoiseModel
 from mainspring.workload import Arrival, Workload
 

@@ -76,8 +76,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def run_worker(args: argparse.Namespace) -> int:
     from mainspring.models.repository import ModelRepository
+    from mainspring.protocol.pages import MIB
     from mainspring.transport.security import SECRET_ENV
-    from mainspring.worker.pages import MIB
     from mainspring.worker.process import START_OVER, WorkerConnection
     from mainspring.worker.runtimes.torch_device import ExecSettings
     from mainspring.worker.torch_worker import TorchWorker

@@ -13,7 +13,7 @@ from mainspring.controller.service import ControllerService
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor
 from mainspring.protocol import DeviceSpec, Outcome
 from mainspring.transport.inprocess import InProcessWorker
-from mainspring.worker.api import EmulatedWorker
+from mainspring.worker.emulated_worker import EmulatedWorker
 from mainspring.worker.runtimes.emulated import NoiseModel
 from tests.fakes import profile
 

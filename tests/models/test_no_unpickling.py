@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from mainspring.models.loading import load_module
-from mainspring.models.repository import ModelConfig, ModelLoadError, ModelRepository
+from mainspring.models.repository import ModelLoadError, ModelRepository
+from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.tensors import TensorSpec
 
 

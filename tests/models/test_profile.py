@@ -10,8 +10,8 @@ from mainspring.models.profile import (
     load_profiles,
     model_copies,
 )
+from mainspring.protocol.pages import DEFAULT_PAGE_BYTES
 from mainspring.time import ms_to_ns
-from mainspring.worker.pages import DEFAULT_PAGE_BYTES
 
 
 def test_builtin_profiles_hold_clockworks_published_figures() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from mainspring.cli import main
 from mainspring.models.repository import ModelRepository
-from mainspring.worker.pages import MIB
+from mainspring.protocol.pages import MIB
 
 
 def test_profile_writes_profiles_the_simulator_reads(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mainspring.models.profile import ModelProfile
-from mainspring.models.repository import ModelConfig, ModelLoadError, ModelRepository
+from mainspring.models.repository import ModelLoadError, ModelRepository
+from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.tensors import TensorSpec
 
 IMAGE = (TensorSpec("input", "FP32", (-1, 3, 8, 8)),)

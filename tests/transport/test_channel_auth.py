@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from mainspring.models.repository import ModelRepository
+from mainspring.protocol.pages import MIB
 from mainspring.transport.zmq_hub import WorkerHub
-from mainspring.worker.pages import MIB
 from mainspring.worker.process import WorkerConnection
 from mainspring.worker.torch_worker import TorchWorker
 from tests.transport.test_transport import Events

@@ -12,12 +12,13 @@ import pytest
 from mainspring.models.profiler import sample_inputs
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol import ActionResult, ActionStatus, DeviceSpec, Infer, LoadWeights, Timing
+from mainspring.protocol.models import ModelInfo, ModelReply
+from mainspring.protocol.pages import MIB
 from mainspring.time import NS_PER_MS, NS_PER_S, WallClock
 from mainspring.transport.clock_sync import ClockSync
 from mainspring.transport.links import WorkerHandle
-from mainspring.transport.messages import Act, ModelInfo, ModelReply, Result, decode, encode, metas_of
+from mainspring.transport.messages import Act, Result, decode, encode, metas_of
 from mainspring.transport.zmq_hub import WorkerHub
-from mainspring.worker.pages import MIB
 from mainspring.worker.process import WorkerConnection
 from mainspring.worker.torch_worker import TorchWorker
 

@@ -102,7 +102,7 @@ def test_a_fixed_batch_onnx_model_and_a_triton_torchscript_model(
 
 
 def test_onnx_in_mainsprings_own_layout_and_a_fixed_batch_named(tmp_path: Path, results: Results) -> None:
-    from mainspring.models.repository import ModelConfig
+    from mainspring.protocol.models import ModelConfig
     from mainspring.protocol.tensors import TensorSpec
 
     repo = ModelRepository(tmp_path)

@@ -2,7 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mainspring.worker.pages import PagePool, pack_first_fit_decreasing, pages_needed
+from mainspring.protocol.pages import pack_first_fit_decreasing, pages_needed
+from mainspring.worker.pages import PagePool
 
 PAGE = 1000
 

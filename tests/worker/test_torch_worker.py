@@ -15,8 +15,8 @@ from mainspring.models.profiler import sample_inputs
 from mainspring.models.repository import ModelRepository
 from mainspring.models.zoo import build_model
 from mainspring.protocol import ActionStatus
+from mainspring.protocol.pages import MIB
 from mainspring.protocol.tensors import TensorSpec
-from mainspring.worker.pages import MIB
 from mainspring.worker.torch_worker import TorchWorker
 from tests.torch_models import RESNET_ARGS, Results
 

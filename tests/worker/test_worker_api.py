@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from mainspring.protocol import ActionStatus, DeviceSpec
-from mainspring.worker.api import EmulatedWorker, Worker
+from mainspring.worker.api import Worker
+from mainspring.worker.emulated_worker import EmulatedWorker
 from mainspring.worker.runtimes.emulated import NoiseModel
 from tests.fakes import profile
 from tests.torch_models import Results

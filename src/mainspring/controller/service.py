@@ -14,18 +14,18 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 
 from mainspring.controller.controller import Controller, ControllerObserver, Observers
 from mainspring.models.profile import ModelProfile
-from mainspring.models.repository import ModelConfig
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
+from mainspring.protocol.models import ModelConfig, ModelInfo, ModelOperation, ModelReply
+from mainspring.protocol.tensors import Sample
 from mainspring.scheduler.base import Membership
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
 from mainspring.telemetry.metrics import ServingMetrics
@@ -33,11 +33,9 @@ from mainspring.telemetry.recorder import LogWriter
 from mainspring.telemetry.timeline import Timeline
 from mainspring.time import NS_PER_S, WallClock
 from mainspring.transport.links import WorkerHandle
-from mainspring.transport.messages import ModelInfo, ModelReply
 
 log = logging.getLogger(__name__)
 
-Sample = Mapping[str, np.ndarray[Any, Any]]
 Answer = tuple[Response, Any]
 
 
@@ -59,7 +57,7 @@ class ServedModel:
 @dataclass
 class _ModelOp:
     model: str
-    op: str
+    op: ModelOperation
     waiting: set[int]  # id() of the handles that have not replied
     replies: list[ModelReply] = field(default_factory=list)
     done: asyncio.Future[list[ModelReply]] | None = None
@@ -315,11 +313,11 @@ class ControllerService:
             return
         if not self._handles:
             raise ServiceError("unavailable", "no worker is connected")
-        replies = await self._model_op("load", model, timeout_s)
+        replies = await self._model_op(ModelOperation.LOAD, model, timeout_s)
         failed = [r for r in replies if r.error]
         if failed or not replies:
             if len(failed) < len(replies):
-                await self._model_op("unload", model, timeout_s)  # keep the workers consistent
+                await self._model_op(ModelOperation.UNLOAD, model, timeout_s)  # keep the workers consistent
             raise ServiceError("invalid", failed[0].error if failed else f"no worker answered for {model!r}")
         info = replies[0].info
         assert info is not None
@@ -345,9 +343,9 @@ class ControllerService:
         self._membership.remove_model(model, self.clock.now_ns())
         self.controller.pump()  # hand out the answers of its queued requests
         self._update_gauges()
-        await self._model_op("unload", model, timeout_s)
+        await self._model_op(ModelOperation.UNLOAD, model, timeout_s)
 
-    async def _model_op(self, op: str, model: str, timeout_s: float) -> list[ModelReply]:
+    async def _model_op(self, op: ModelOperation, model: str, timeout_s: float) -> list[ModelReply]:
         op_id = next(self._op_ids)
         pending = _ModelOp(model, op, set(self._handles), done=self.loop.create_future())
         self._ops[op_id] = pending
@@ -358,7 +356,7 @@ class ControllerService:
             return await asyncio.wait_for(pending.done, timeout_s)
         except TimeoutError:
             raise ServiceError(
-                "unavailable", f"{op} of {model!r}: workers did not answer in {timeout_s:.0f} s"
+                "unavailable", f"{op.value} of {model!r}: workers did not answer in {timeout_s:.0f} s"
             ) from None
         finally:
             del self._ops[op_id]

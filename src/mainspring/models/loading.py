@@ -16,8 +16,9 @@ import torch
 from torch import nn
 from torch.jit._trace import TracerWarning
 
-from mainspring.models.repository import ModelConfig, ModelLoadError, ModelRepository
+from mainspring.models.repository import ModelLoadError, ModelRepository
 from mainspring.models.zoo import architecture, build_model, example_inputs
+from mainspring.protocol.models import ModelConfig
 
 
 def load_module(repo: ModelRepository, model: str, version: int | None = None) -> tuple[ModelConfig, nn.Module]:

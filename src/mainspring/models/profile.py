@@ -22,8 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from mainspring.protocol.pages import pages_needed
 from mainspring.time import ms_to_ns, ns_to_ms
-from mainspring.worker.pages import pages_needed
 
 FORMAT = "mainspring-profiles/1"
 

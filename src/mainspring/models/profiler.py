@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from mainspring.models.profile import ModelProfile
-from mainspring.models.repository import ModelConfig
 from mainspring.models.zoo import example_inputs
 from mainspring.protocol import Action, ActionResult, EvictWeights, Infer, LoadWeights
+from mainspring.protocol.models import ModelConfig
+from mainspring.protocol.tensors import Sample
 from mainspring.time import NS_PER_S, WallClock
-from mainspring.worker.api import Sample
 
 
 @dataclass(frozen=True)

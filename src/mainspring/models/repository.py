@@ -14,64 +14,19 @@ and nothing it names may lead outside the repository, through ``..`` or a symbol
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import msgspec
 
 from mainspring.models.profile import ModelProfile, dump_profiles, load_profiles
-from mainspring.protocol.tensors import TensorSpec
+from mainspring.protocol.models import MODEL_NAME, ModelConfig
 
 CONFIG_FILE = "config.json"
 PROFILE_FILE = "profile.json"
-FORMATS = ("torch_export", "torchscript", "safetensors", "onnx")
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class ModelLoadError(ValueError):
     """A model that cannot be served: names the model, the file and the reason."""
-
-
-class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What ``config.json`` holds. ``architecture`` (a zoo name) is needed by the ``safetensors`` format only."""
-
-    name: str
-    format: str
-    file: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    runtime: str = "torch"
-    architecture: str | None = None
-    architecture_args: dict[str, int] = msgspec.field(default_factory=dict)
-    slo_ms: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"format {self.format!r} is not one of {', '.join(FORMATS)}")
-        if self.runtime != "torch":
-            raise ValueError(f"runtime {self.runtime!r} is not supported (only 'torch')")
-        if not self.inputs or not self.outputs:
-            raise ValueError("a model needs at least one input and one output")
-        if not self.batch_sizes or any(b <= 0 for b in self.batch_sizes):
-            raise ValueError(f"batch_sizes {list(self.batch_sizes)} must be positive")
-        if list(self.batch_sizes) != sorted(set(self.batch_sizes)):
-            raise ValueError(f"batch_sizes {list(self.batch_sizes)} must be increasing without repeats")
-        if self.format == "safetensors" and not self.architecture:
-            raise ValueError("format 'safetensors' needs an 'architecture' (a zoo model name)")
-        if not MODEL_NAME.fullmatch(self.name):
-            raise ValueError(f"name {self.name!r} must be letters, digits, '_', '.' or '-' (at most 128)")
-        if Path(self.file).name != self.file or self.file in ("", ".", ".."):
-            raise ValueError(f"file {self.file!r} must be a file name in the version folder, not a path")
-        if self.slo_ms is not None and not self.slo_ms > 0:
-            raise ValueError(f"slo_ms must be positive, got {self.slo_ms}")
-        for spec in (*self.inputs, *self.outputs):
-            if spec.shape[0] != -1:
-                raise ValueError(f"tensor {spec.name!r}: the first (batch) dimension must be -1")
-
-    @property
-    def max_batch(self) -> int:
-        return self.batch_sizes[-1]
 
 
 class ModelRepository:

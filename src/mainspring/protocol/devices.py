@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from mainspring.worker.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
+from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
 
 
 class DeviceSpec(msgspec.Struct, frozen=True):

@@ -6,6 +6,8 @@ import enum
 
 import msgspec
 
+from mainspring.protocol.actions import Action
+
 
 class ActionStatus(enum.Enum):
     OK = "ok"
@@ -55,3 +57,17 @@ class ActionResult(msgspec.Struct, frozen=True):
     def isolated(self) -> bool:
         """The batch failed and ran again request by request: its timing is no measurement of the batch."""
         return bool(self.failed or self.unchecked)
+
+
+def window_refusal(action: Action, now_ns: int, max_wait_ns: int) -> ActionResult | None:
+    """What a lane answers instead of running ``action`` when it could start it at ``now_ns``:
+    ``TOO_LATE`` once its latest start has passed, ``TOO_EARLY`` when its window opens more than
+    ``max_wait_ns`` ahead; None when it may run now or wait for its window to open. The one rule
+    of every lane, real (``worker/executor.py``) or emulated (``worker/runtimes/emulated.py``)."""
+    if action.latest_ns < now_ns:
+        late = f"window closed {(now_ns - action.latest_ns) / 1e6:.3f} ms before the lane was free"
+        return ActionResult(action.action_id, action.device, ActionStatus.TOO_LATE, None, late)
+    if action.earliest_ns > now_ns + max_wait_ns:
+        early = f"window opens {(action.earliest_ns - now_ns) / 1e9:.1f} s ahead, more than the lane waits"
+        return ActionResult(action.action_id, action.device, ActionStatus.TOO_EARLY, None, early)
+    return None

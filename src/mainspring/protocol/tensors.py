@@ -12,6 +12,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
+# One request's tensors by input (or output) name: what travels with an Infer, and back.
+Sample = Mapping[str, np.ndarray[Any, Any]]
+
 DATATYPES: Mapping[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),

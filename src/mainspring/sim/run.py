@@ -11,6 +11,7 @@ from functools import partial
 from mainspring.controller import Controller
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response, ResponseStatus
+from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
 from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.registry import make_scheduler
 from mainspring.scheduler.timed import TimedScheduler
@@ -18,7 +19,6 @@ from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WA
 from mainspring.telemetry.recorder import Recorder
 from mainspring.telemetry.report import RunReport, build_report
 from mainspring.time import NS_PER_MS, NS_PER_S
-from mainspring.worker.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
 from mainspring.worker.runtimes.emulated import EmulatedDevice, NoiseModel
 from mainspring.workload.base import Arrival, Workload
 

@@ -13,11 +13,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mainspring.models.repository import ModelLoadError
 from mainspring.protocol import Action, ActionResult
+from mainspring.protocol.models import ModelOperation
 from mainspring.transport.links import WorkerEvents
-from mainspring.transport.messages import ModelReply
-from mainspring.worker.api import ResultCallback, Worker, model_info
+from mainspring.worker.api import ResultCallback, Worker, apply_model_operation, model_info
 
 
 class InProcessWorker:
@@ -50,19 +49,11 @@ class InProcessWorker:
     def send_action(self, action: Action, inputs: list[Any] | None) -> None:
         self.worker.submit(action, inputs)
 
-    def model_op(self, op_id: int, op: str, model: str) -> None:
+    def model_op(self, op_id: int, op: ModelOperation, model: str) -> None:
         threading.Thread(target=self._model_op, args=(op_id, op, model), daemon=True).start()
 
-    def _model_op(self, op_id: int, op: str, model: str) -> None:
-        try:
-            if op == "load":
-                self.worker.register(model)
-                reply = ModelReply(op_id, model, info=model_info(self.worker, model))
-            else:
-                self.worker.unregister(model)
-                reply = ModelReply(op_id, model)
-        except ModelLoadError as error:
-            reply = ModelReply(op_id, model, error=str(error))
+    def _model_op(self, op_id: int, op: ModelOperation, model: str) -> None:
+        reply = apply_model_operation(self.worker, op_id, op, model)
         self._loop.call_soon_threadsafe(self._events.on_model_reply, self, reply)
 
     def close(self, reason: str, start_over: bool = False) -> None:

@@ -6,31 +6,21 @@ frame per tensor, in the order the header's ``TensorMeta`` lists name them. No p
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from mainspring.models.repository import ModelConfig
 from mainspring.protocol import Action, ActionResult, DeviceSpec
-from mainspring.protocol.tensors import datatype_of, numpy_dtype
-
-Sample = Mapping[str, np.ndarray[Any, Any]]
+from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply
+from mainspring.protocol.tensors import Sample, datatype_of, numpy_dtype
 
 
 class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
     name: str
     datatype: str
     shape: tuple[int, ...]
-
-
-class ModelInfo(msgspec.Struct, frozen=True):
-    """A model a worker serves: its config and its profile (``ModelProfile.to_json``) on the worker's device kind."""
-
-    config: ModelConfig
-    profile: dict[str, Any]
-    version: int = 1
 
 
 # worker -> controller
@@ -53,13 +43,6 @@ class Pong(msgspec.Struct, frozen=True, tag=True):
     worker_ns: int
 
 
-class ModelReply(msgspec.Struct, frozen=True, tag=True):
-    op_id: int
-    model: str
-    error: str = ""
-    info: ModelInfo | None = None
-
-
 # controller -> worker
 class Act(msgspec.Struct, frozen=True, tag=True):
     action: Action
@@ -72,7 +55,7 @@ class Ping(msgspec.Struct, frozen=True, tag=True):
 
 class ModelOp(msgspec.Struct, frozen=True, tag=True):
     op_id: int
-    op: str  # "load" or "unload"
+    op: ModelOperation
     model: str
 
 

@@ -19,6 +19,7 @@ import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
 from mainspring.protocol import Action, ActionResult, Infer, Timing
+from mainspring.protocol.models import ModelOperation, ModelReply
 from mainspring.time import Clock, WallClock, s_to_ns
 from mainspring.transport.clock_sync import ClockSync
 from mainspring.transport.links import WorkerEvents
@@ -28,7 +29,6 @@ from mainspring.transport.messages import (
     Hello,
     Message,
     ModelOp,
-    ModelReply,
     Ping,
     Pong,
     Result,
@@ -62,7 +62,7 @@ class RemoteWorker:
         metas = metas_of(inputs) if inputs is not None else None
         self._hub.send(self, Act(translated, metas), inputs)
 
-    def model_op(self, op_id: int, op: str, model: str) -> None:
+    def model_op(self, op_id: int, op: ModelOperation, model: str) -> None:
         self._hub.send(self, ModelOp(op_id, op, model))
 
     def close(self, reason: str, start_over: bool = False) -> None:

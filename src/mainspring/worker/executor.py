@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mainspring.protocol import Action, ActionResult, ActionStatus
+from mainspring.protocol.results import window_refusal
 from mainspring.time import NS_PER_S, Clock
 
 log = logging.getLogger(__name__)
@@ -73,22 +74,10 @@ class Lane:
                     continue
                 earliest, _, action, payload = self._queue[0]
                 now = self._clock.now_ns()
-                if action.latest_ns < now:
+                refusal = window_refusal(action, now, self._max_wait_ns)
+                if refusal is not None:
                     heapq.heappop(self._queue)
-                    late = f"window closed {(now - action.latest_ns) / 1e6:.3f} ms before the lane was free"
-                    return (
-                        action,
-                        payload,
-                        ActionResult(action.action_id, action.device, ActionStatus.TOO_LATE, None, late),
-                    )
-                if earliest > now + self._max_wait_ns:
-                    heapq.heappop(self._queue)
-                    early = f"window opens {(earliest - now) / 1e9:.1f} s ahead, more than the lane waits"
-                    return (
-                        action,
-                        payload,
-                        ActionResult(action.action_id, action.device, ActionStatus.TOO_EARLY, None, early),
-                    )
+                    return action, payload, refusal
                 if earliest > now:
                     self._wakeup.wait((earliest - now) / NS_PER_S)
                     continue

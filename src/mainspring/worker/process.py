@@ -29,7 +29,6 @@ from typing import Any
 import msgspec
 import zmq
 
-from mainspring.models.repository import ModelLoadError
 from mainspring.protocol import ActionResult
 from mainspring.time import Clock, WallClock
 from mainspring.transport.messages import (
@@ -39,7 +38,6 @@ from mainspring.transport.messages import (
     Hello,
     Message,
     ModelOp,
-    ModelReply,
     Ping,
     Pong,
     Result,
@@ -48,7 +46,7 @@ from mainspring.transport.messages import (
     metas_of,
 )
 from mainspring.transport.security import secure_worker
-from mainspring.worker.api import Worker, model_info
+from mainspring.worker.api import Worker, apply_model_operation, model_info
 
 log = logging.getLogger(__name__)
 
@@ -216,14 +214,4 @@ class WorkerConnection:
         return None
 
     def _model_op(self, op: ModelOp) -> None:
-        try:
-            if op.op == "load":
-                self.worker.register(op.model)
-                self._send_later(ModelReply(op.op_id, op.model, info=model_info(self.worker, op.model)))
-            elif op.op == "unload":
-                self.worker.unregister(op.model)
-                self._send_later(ModelReply(op.op_id, op.model))
-            else:
-                self._send_later(ModelReply(op.op_id, op.model, error=f"unknown operation {op.op!r}"))
-        except ModelLoadError as error:
-            self._send_later(ModelReply(op.op_id, op.model, error=str(error)))
+        self._send_later(apply_model_operation(self.worker, op.op_id, op.op, op.model))

@@ -17,11 +17,13 @@ import torch
 
 from mainspring.models.loading import load_module, state_tensors
 from mainspring.models.profile import ModelProfile
-from mainspring.models.repository import ModelConfig, ModelLoadError, ModelRepository
+from mainspring.models.repository import ModelLoadError, ModelRepository
 from mainspring.protocol import Action, DeviceSpec
+from mainspring.protocol.models import ModelConfig
+from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB
+from mainspring.protocol.tensors import Sample
 from mainspring.time import Clock, WallClock
-from mainspring.worker.api import ResultCallback, Sample
-from mainspring.worker.pages import DEFAULT_PAGE_BYTES, MIB
+from mainspring.worker.api import ResultCallback
 from mainspring.worker.runtimes.torch_device import ExecSettings, HostModel, TorchDevice
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from mainspring.protocol import (
     LoadWeights,
     Timing,
 )
+from mainspring.protocol.results import window_refusal
 from mainspring.time import NS_PER_S, Timer
 from mainspring.worker.pages import PagePool
 
@@ -79,12 +80,10 @@ class _Lane:
         while not self._running and self._queue:
             now = timer.now_ns()
             earliest, _, action = self._queue[0]
-            if action.latest_ns < now:
+            refusal = window_refusal(action, now, device.max_wait_ns)
+            if refusal is not None:
                 heapq.heappop(self._queue)
-                device.emit(ActionResult(action.action_id, device.spec.device, ActionStatus.TOO_LATE))
-            elif earliest > now + device.max_wait_ns:
-                heapq.heappop(self._queue)
-                device.emit(ActionResult(action.action_id, device.spec.device, ActionStatus.TOO_EARLY))
+                device.emit(refusal)
             elif earliest > now:
                 if self._wake_ns is None or earliest < self._wake_ns:
                     self._wake_ns = earliest

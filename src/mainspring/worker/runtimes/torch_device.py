@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from mainspring.models.repository import ModelConfig
 from mainspring.models.zoo import torch_dtype
 from mainspring.protocol import (
     Action,
@@ -34,14 +33,15 @@ from mainspring.protocol import (
     LoadWeights,
     Timing,
 )
-from mainspring.protocol.tensors import numpy_dtype, shape_matches
+from mainspring.protocol.models import ModelConfig
+from mainspring.protocol.pages import aligned_bytes, pack_first_fit_decreasing
+from mainspring.protocol.tensors import Sample, numpy_dtype, shape_matches
 from mainspring.time import Clock
 from mainspring.worker.executor import Lane, ResultSink
-from mainspring.worker.pages import PagePool, aligned_bytes, pack_first_fit_decreasing
+from mainspring.worker.pages import PagePool
 
 log = logging.getLogger(__name__)
 
-Sample = Mapping[str, np.ndarray[Any, Any]]
 _T = TypeVar("_T")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mainspring.cli import main
-from mainspring.telemetry.analyze import analyze, runs
+from mainspring.telemetry.analyze import analyze, format_analysis, runs
 from mainspring.telemetry.recorder import ACTION_COLUMNS, REQUEST_COLUMNS, ActionRow, RequestRow
 
 MS = 1_000_000
@@ -18,7 +18,9 @@ ACTIONS = [
     ActionRow(3, "infer", 0, "slow", 1, 1, 0, 0, 1 * MS, 20 * MS, "ok", 0, 130 * MS, 131 * MS, ""),
     ActionRow(4, "infer", 0, "trip", 1, 1, 0, 0, 1 * MS, 99 * MS, "ok", 0, 99 * MS, 103 * MS, ""),
     ActionRow(5, "infer", 0, "late", 1, 1, 0, 90 * MS, 95 * MS, 20 * MS, "ok", 95 * MS, 115 * MS, 116 * MS, ""),
-    ActionRow(6, "infer", 1, "fine", 1, 1, 0, 0, 1 * MS, 20 * MS, "refused", -1, -1, 1 * MS, "window closed"),
+    ActionRow(
+        6, "infer", 1, "fine", 1, 1, 0, 0, 1 * MS, 20 * MS, "too_late", -1, -1, 1 * MS, "window closed 0.4 ms before"
+    ),
     ActionRow(7, "infer", 1, "fine", 1, 1, 0, 0, 1 * MS, 20 * MS, "ok", 2 * MS, 22 * MS, 23 * MS, ""),
     ActionRow(
         8, "load", 1, "loading", 0, 0, 10 * MS, 10 * MS, 15 * MS, 200 * MS, "ok", 10 * MS, 210 * MS, 211 * MS, ""
@@ -49,8 +51,8 @@ CAUSES = {
 }
 
 
-def write(folder: Path, run: str) -> None:
-    for name, columns, rows in (("requests", REQUEST_COLUMNS, REQUESTS), ("actions", ACTION_COLUMNS, ACTIONS)):
+def write(folder: Path, run: str, requests: list[RequestRow] = REQUESTS, actions: list[ActionRow] = ACTIONS) -> None:
+    for name, columns, rows in (("requests", REQUEST_COLUMNS, requests), ("actions", ACTION_COLUMNS, actions)):
         lines = ["\t".join(columns)] + ["\t".join(str(int(v)) if isinstance(v, bool) else str(v) for v in row)
                                          for row in rows]  # fmt: skip
         (folder / f"{run}-{name}.tsv").write_text("\n".join(lines) + "\n")
@@ -62,8 +64,32 @@ def test_each_miss_gets_its_cause(tmp_path: Path) -> None:
     analysis = analyze(tmp_path, "hand")
     assert analysis.requests == 10 and analysis.good == 1 and analysis.missed == 9
     assert {cause: entry.count for cause, entry in analysis.causes.items()} == CAUSES
-    assert analysis.refused_actions == {"infer: window closed": 1}
+    assert analysis.refused_actions == {"infer: window closed N ms before": 1}
     assert len(analysis.infer_error_ms) == 5
+
+
+def test_misses_are_set_beside_the_workers_speed_and_load_over_time(tmp_path: Path) -> None:
+    """Two stretches of one model at batch 1: in the second the worker takes twice as long, its lane
+    is busier, and the misses are there; the analysis says so."""
+    actions, requests = [], []
+    for i in range(40):
+        second = i >= 20
+        start = i * 100 * MS
+        duration = (40 if second else 20) * MS
+        actions.append(ActionRow(i + 1, "infer", 0, "m", 1, 1, start, start, start + MS, 20 * MS, "ok", start,
+                                 start + duration, start + duration, ""))  # fmt: skip
+        answered = start + (120 if second and i % 2 else 30) * MS
+        requests.append(
+            RequestRow(i + 1, "m", start, start + 100 * MS, answered, "success", "", i + 1, False, "served")
+        )
+    write(tmp_path, "slow", requests, actions)
+    analysis = analyze(tmp_path, "slow")
+    windows = analysis.windows
+    assert len(windows) == 10 and sum(w.requests for w in windows) == 40 and analysis.missed == 10
+    assert [round(w.slowdown, 2) for w in windows] == [1.0] * 5 + [2.0] * 5
+    assert windows[0].busy == pytest.approx(0.2, abs=0.02) and windows[-1].busy == pytest.approx(0.4, abs=0.02)
+    assert sum(w.missed for w in windows[5:]) == 10
+    assert "10 of 10 misses fell in the 5 of 10 stretches" in format_analysis(analysis)
 
 
 def test_the_command_reads_a_folder_of_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,13 +11,20 @@ not answered successfully within its deadline gets one cause:
   predicted, or because the answer's trip back took the rest, or started too late;
 - failed: the outcome (worker lost, input failed, ...).
 
-Refused actions (a worker turning down an action whose window had passed) are counted apart.
+Refused actions (a worker turning down an action whose window had passed) are counted apart,
+by reason with the figures taken out. And the run is cut into windows of time, each with how
+fast the worker ran (its infers' durations against the run's fastest stretch, for the same
+model and batch size), how busy the exec lanes were, and how many requests missed: on a shared
+machine, misses that crowd into the windows where the worker ran slow are the machine's noise,
+not the plan's; misses where the lanes were busiest are the load's.
 """
 
 from __future__ import annotations
 
 import collections
 import csv
+import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +43,23 @@ class Cause:
 
 
 @dataclass
+class Window:
+    """A stretch of the run: its infers' slowdown (their durations over the run's median for the same
+    model and batch size, the median of that against the fastest stretch's: 1.0 is the worker at
+    its best), the share of the exec lanes' time they took (busy), and its requests' misses."""
+
+    start_s: float
+    infers: int
+    slowdown: float
+    busy: float
+    requests: int
+    missed: int
+
+
+SLOW = 1.2  # a window whose median infer ran this much slower than usual
+
+
+@dataclass
 class Analysis:
     run: str
     requests: int
@@ -43,6 +67,7 @@ class Analysis:
     causes: dict[str, Cause]
     refused_actions: collections.Counter[str]
     infer_error_ms: list[float]  # measured minus predicted duration of every infer that ran
+    windows: list[Window] = field(default_factory=list)
 
     @property
     def missed(self) -> int:
@@ -68,7 +93,7 @@ def analyze(directory: Path, run: str) -> Analysis:
     errors = []
     for action in actions.values():
         if action["status"] != "ok":
-            refused[f"{action['kind']}: {action['message'][:80]}"] += 1
+            refused[f"{action['kind']}: {_FIGURE.sub('N', action['message'][:80])}"] += 1
         elif action["kind"] == "load":
             loads[action["model"]].append((int(action["sent_ns"]), int(action["end_ns"])))
         elif action["kind"] == "infer":
@@ -85,7 +110,50 @@ def analyze(directory: Path, run: str) -> Analysis:
         entry.models[request["model"]] += 1
         entry.example = entry.example or f"request {request['request_id']}: {request['reason'][:120]}"
     ordered = dict(sorted(causes.items(), key=lambda item: -item[1].count))
-    return Analysis(run, len(requests), good, ordered, refused, errors)
+    windows = speed_over_time(requests, actions)
+    return Analysis(run, len(requests), good, ordered, refused, errors, windows)
+
+
+_FIGURE = re.compile(r"\d+(\.\d+)?")
+
+
+def speed_over_time(
+    requests: list[dict[str, str]], actions: dict[int, dict[str, str]], count: int = 10
+) -> list[Window]:
+    """The run cut into ``count`` windows by arrival time (requests) and begin time (infers)."""
+    infers = [a for a in actions.values() if a["kind"] == "infer" and a["status"] == "ok"]
+    if not requests or not infers:
+        return []
+    usual: dict[tuple[str, str], float] = {}
+    by_shape: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
+    for action in infers:
+        by_shape[action["model"], action["batch_size"]].append(int(action["end_ns"]) - int(action["begin_ns"]))
+    for shape, durations in by_shape.items():
+        usual[shape] = max(1.0, statistics.median(durations))
+    start = min(int(r["arrival_ns"]) for r in requests)
+    end = max(int(r["arrival_ns"]) for r in requests) + 1
+    width = max(1, -(-(end - start) // count))
+    ratios: list[list[float]] = [[] for _ in range(count)]
+    busy = [0] * count
+    for action in infers:
+        slot = (int(action["begin_ns"]) - start) // width
+        if 0 <= slot < count:
+            duration = int(action["end_ns"]) - int(action["begin_ns"])
+            ratios[slot].append(duration / usual[action["model"], action["batch_size"]])
+            busy[slot] += duration
+    arrived, missed = [0] * count, [0] * count
+    for request in requests:
+        slot = (int(request["arrival_ns"]) - start) // width
+        arrived[slot] += 1
+        good = request["status"] == SUCCESS and int(request["answered_ns"]) <= int(request["deadline_ns"])
+        missed[slot] += not good
+    medians = [statistics.median(r) if r else 0.0 for r in ratios]
+    fastest = min((m for m in medians if m), default=1.0)  # the worker at its best stretch is 1.0
+    lanes = width * len({a["device"] for a in infers})
+    return [
+        Window(i * width / 1e9, len(ratios[i]), medians[i] / fastest, busy[i] / lanes, arrived[i], missed[i])
+        for i in range(count)
+    ]
 
 
 def cause_of(
@@ -134,4 +202,14 @@ def format_analysis(analysis: Analysis, top: int = 3) -> str:
     if analysis.refused_actions:
         lines.append(f"  refused actions: {sum(analysis.refused_actions.values())}")
         lines.extend(f"  {n:>8}  {reason}" for reason, n in analysis.refused_actions.most_common(top))
+    if analysis.windows and analysis.missed:
+        lines.append(
+            "  over time (s from the first arrival; infers' slowdown against the fastest stretch; exec lanes busy):"
+        )
+        lines.extend(f"  {w.start_s:>8.1f}  slowdown {w.slowdown:4.2f}, busy {w.busy:4.0%} over {w.infers:>5} infers; "
+                     f"{w.missed:>5} of {w.requests:>6} requests missed" for w in analysis.windows)  # fmt: skip
+        slow = [w for w in analysis.windows if w.slowdown >= SLOW]
+        lines.append(f"  {sum(w.missed for w in slow)} of {analysis.missed} misses fell in the {len(slow)} of "
+                     f"{len(analysis.windows)} stretches where infers took {SLOW:.0%} of their best time "
+                     "or more")  # fmt: skip
     return "\n".join(lines)

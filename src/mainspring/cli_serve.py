@@ -19,6 +19,7 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 8001)")
     p.add_argument("--worker-port", type=int, help="port workers connect to (default 8002)")
     p.add_argument("--workers", choices=("local", "tcp"), help="start local workers (default) or wait for tcp ones")
+    p.add_argument("--frontends", type=int, help="HTTP + gRPC processes on the ports (default: 1 per 2 cores, up to 4)")
     p.add_argument("--repo", help="model repository (default ~/.mainspring/zoo, built on first start)")
     p.add_argument("--policy", help="scheduling policy (default clockwork)")
     p.add_argument("--slo-ms", type=float, help="default SLO in ms (default 100)")
@@ -61,6 +62,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "grpc_port",
             "worker_port",
             "workers",
+            "frontends",
             "repo",
             "policy",
             "slo_ms",

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections import deque
@@ -27,13 +28,16 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
+from mainspring.controller.frontends import FrontendHub
 from mainspring.controller.service import DEFAULT_DEADLINE_MARGIN_MS, ControllerService
 from mainspring.frontend.access import Access
 from mainspring.frontend.dataplane import DataPlane
 from mainspring.frontend.http import make_app
 from mainspring.frontend.limits import RequestLimits
+from mainspring.frontend.remote import TOKEN_ENV, FrontendSpec
 from mainspring.models.repository import ModelRepository
 from mainspring.scheduler.registry import DEFAULT_POLICY, policy_names
 from mainspring.transport.security import SECRET_ENV
@@ -55,6 +59,7 @@ class ServeConfig:
     grpc_port: int = 8001
     worker_port: int = 8002
     workers: str = "local"  # or "tcp": wait for external workers
+    frontends: int = 0  # HTTP + gRPC frontend processes sharing the ports; 0: one per two cores, at most 4
     repo: str = ""  # default: ~/.mainspring/zoo, created with the built-in zoo on first start
     policy: str = DEFAULT_POLICY
     slo_ms: float = 100.0
@@ -102,6 +107,8 @@ class ServeConfig:
             problems.append(f"event_loop={self.event_loop!r} must be 'asyncio' or 'uvloop'")
         if self.max_loop_lag_ms < 0:
             problems.append(f"max_loop_lag_ms={self.max_loop_lag_ms} must not be negative")
+        if self.frontends < 0:
+            problems.append(f"frontends={self.frontends} must not be negative (0: sized to the machine)")
         if self.max_restarts_per_minute < 0:
             problems.append(f"max_restarts_per_minute={self.max_restarts_per_minute} must not be negative")
         if self.auth_inference and not self.auth_token:
@@ -129,6 +136,11 @@ class ServeConfig:
     @property
     def repo_path(self) -> Path:
         return Path(self.repo).expanduser() if self.repo else Path.home() / ".mainspring" / "zoo"
+
+    @property
+    def frontend_count(self) -> int:
+        """Frontend processes in all, this one included."""
+        return self.frontends or max(1, min(4, (os.cpu_count() or 1) // 2))
 
     def device_list(self) -> list[str]:
         if self.devices:
@@ -202,7 +214,7 @@ RESTART_BACKOFF_S = (0.5, 30.0)  # first delay, longest delay
 
 @dataclass
 class LocalWorker:
-    """One device's worker process, and when it was restarted."""
+    """A child process this server keeps running (a device's worker, or a frontend), and when it was restarted."""
 
     name: str
     command: list[str]
@@ -239,6 +251,9 @@ class Server:
         self._runner: web.AppRunner | None = None
         self._grpc: Any = None
         self._local: list[LocalWorker] = []
+        self._frontends: list[LocalWorker] = []
+        self._frontend_hub: FrontendHub | None = None
+        self._channel_dir: tempfile.TemporaryDirectory[str] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
@@ -260,15 +275,19 @@ class Server:
         # Requests were answered by the drain; idle connections must not hold the shutdown for aiohttp's 60 s.
         self._runner = web.AppRunner(make_app(plane), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        await web.TCPSite(self._runner, config.host, config.http_port).start()
+        shared = config.frontend_count > 1  # ports shared with the frontend processes (SO_REUSEPORT)
+        await web.TCPSite(self._runner, config.host, config.http_port, reuse_port=shared or None).start()
         from mainspring.frontend.grpc import start_grpc
 
         self._grpc = await start_grpc(plane, f"{config.host}:{config.grpc_port}")
         log.info("HTTP on http://%s:%d, gRPC on %s:%d, workers connect to %s",
                  config.host, config.http_port, config.host, config.grpc_port, self.hub.endpoint)  # fmt: skip
+        if shared:
+            await self._start_frontends(config.frontend_count - 1)
         if config.workers == "local":
             self._start_local_workers()
             await self._wait_for_workers(len(self._local))
+        if self._local or self._frontends:
             self._supervisor = asyncio.create_task(self._supervise())
 
     def _start_local_workers(self) -> None:
@@ -284,6 +303,36 @@ class Server:
                 command += ["--pin-core", str(-1 - index)]  # from the last core down; the controller keeps core 0
             self._local.append(LocalWorker(name, command, subprocess.Popen(command, env=self._worker_env())))
 
+    async def _start_frontends(self, count: int, timeout_s: float = 60.0) -> None:
+        """``count`` more frontend processes on the same ports, each handing calls to the controller
+        over a ZeroMQ socket in a folder only this user may enter."""
+        config = self.config
+        self._channel_dir = tempfile.TemporaryDirectory(prefix="mainspring-")
+        endpoint = f"ipc://{self._channel_dir.name}/frontends"
+        self._frontend_hub = FrontendHub(self.service, endpoint)
+        await self._frontend_hub.start()
+        limits = {f.name: getattr(config, f.name) for f in fields(RequestLimits)}
+        repo = str(self.repo.root) if self.repo else ""
+        for index in range(1, count + 1):
+            spec = FrontendSpec(endpoint, f"frontend-{index}", config.host, config.http_port, config.grpc_port,
+                                os.getpid(), repo, limits, config.auth_inference)  # fmt: skip
+            command = [sys.executable, "-m", "mainspring.frontend.remote", msgspec.json.encode(spec).decode()]
+            self._frontends.append(LocalWorker(spec.name, command, subprocess.Popen(command, env=self._frontend_env())))
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._frontend_hub.joined < count:
+            if any(f.process.poll() is not None for f in self._frontends):
+                raise RuntimeError("a frontend process exited during start-up (see its log above)")
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"frontend processes did not join within {timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+        log.info("%d frontend process(es) share ports %d and %d", count + 1, config.http_port, config.grpc_port)
+
+    def _frontend_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in (SECRET_ENV, TOKEN_ENV)}
+        if self.config.auth_token:
+            env[TOKEN_ENV] = self.config.auth_token
+        return env
+
     def _worker_env(self) -> dict[str, str]:
         """The environment of a local worker: ours, with the worker secret (never on its command line)."""
         env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
@@ -296,7 +345,7 @@ class Server:
         while not self._stop.is_set():
             await asyncio.sleep(period_s)
             now = time.monotonic()
-            for worker in self._local:
+            for worker in self._local + self._frontends:
                 code = worker.process.poll()
                 if code is None or self._stop.is_set():
                     continue
@@ -316,9 +365,12 @@ class Server:
                 elif now >= worker.restart_at:
                     worker.restart_at = None
                     worker.restarts.append(now)
-                    worker.process = subprocess.Popen(worker.command, env=self._worker_env())
-                    self.service.metrics.worker_restarts.inc()
-                    log.info("local worker %s started again (pid %d)", worker.name, worker.process.pid)
+                    frontend = worker in self._frontends
+                    env = self._frontend_env() if frontend else self._worker_env()
+                    worker.process = subprocess.Popen(worker.command, env=env)
+                    if not frontend:
+                        self.service.metrics.worker_restarts.inc()
+                    log.info("%s started again (pid %d)", worker.name, worker.process.pid)
 
     async def _wait_for_workers(self, count: int) -> None:
         deadline = asyncio.get_running_loop().time() + self.config.join_timeout_s
@@ -354,6 +406,17 @@ class Server:
         left = await self.service.drain(self.config.drain_s)
         if left:
             log.warning("%d request(s) answered with an error at shutdown", left)
+        for frontend in self._frontends:  # the calls they handed over are answered: let them go
+            frontend.process.terminate()
+        for frontend in self._frontends:
+            try:
+                await asyncio.to_thread(frontend.process.wait, 10)
+            except subprocess.TimeoutExpired:
+                frontend.process.kill()
+        if self._frontend_hub is not None:
+            await self._frontend_hub.close()
+        if self._channel_dir is not None:
+            self._channel_dir.cleanup()
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         if self._runner is not None:

@@ -50,7 +50,7 @@ def test_a_request_of_n_samples_is_n_requests_answered_together() -> None:
         served, outputs = await plane.infer("a", None, [tensor(values)], None, {})
         assert served.version == 1 and outputs[0].name == "output"
         np.testing.assert_array_equal(outputs[0].data, values)  # the echo model, samples back in order
-        stats = plane.model_stats("a")["model_stats"][0]
+        stats = (await plane.model_stats("a"))["model_stats"][0]
         assert stats["inference_stats"]["success"]["count"] == 5 and stats["execution_count"] >= 2
 
     with_service(test)

@@ -28,7 +28,7 @@ from mainspring.protocol.models import ModelConfig, ModelInfo, ModelOperation, M
 from mainspring.protocol.tensors import Sample
 from mainspring.scheduler.base import Membership
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
-from mainspring.telemetry.metrics import ServingMetrics
+from mainspring.telemetry.metrics import ModelStats, ServingMetrics
 from mainspring.telemetry.recorder import LogWriter
 from mainspring.telemetry.timeline import Timeline
 from mainspring.time import NS_PER_S, WallClock
@@ -306,6 +306,18 @@ class ControllerService:
         self.metrics.workers.set(len(self._handles))
         self.metrics.devices.set(len(self._links))
         self.metrics.models.set(len(self.models))
+
+    # --- what a frontend reads besides inference (``frontend/port.py``) --------------------------
+    async def model_statistics(self, model: str) -> ModelStats:
+        return self.metrics.stats(model)
+
+    async def exposition(self) -> bytes:
+        """The Prometheus metrics, in the text format."""
+        return self.metrics.exposition(self.clock.now_ns())
+
+    async def timeline_view(self, seconds: float) -> dict[str, Any]:
+        """The live page's data: every device's lanes over the last ``seconds``."""
+        return self.timeline.snapshot(self.clock.now_ns(), seconds, self.device_ids)
 
     # --- repository ---------------------------------------------------------------------------
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:

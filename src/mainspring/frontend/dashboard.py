@@ -10,12 +10,9 @@ headless browser).
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from mainspring.frontend.dataplane import InferenceError
-from mainspring.telemetry.timeline import Timeline
 
 MAX_SECONDS = 30.0
 
@@ -107,8 +104,8 @@ async def page(request: web.Request) -> web.Response:
     return web.Response(text=PAGE, content_type="text/html")
 
 
-def timeline_data(timeline: Timeline, now_ns: int, raw_seconds: str, devices: list[int]) -> dict[str, Any]:
-    """The timeline of the last ``seconds`` (a query parameter: a 400 naming it when it is bad)."""
+def timeline_seconds(raw_seconds: str) -> float:
+    """The page's ``seconds`` query parameter: a 400 naming it when it is bad."""
     try:
         seconds = float(raw_seconds)
     except ValueError:
@@ -116,4 +113,4 @@ def timeline_data(timeline: Timeline, now_ns: int, raw_seconds: str, devices: li
     if not 0 < seconds <= MAX_SECONDS:
         raise InferenceError(400, f"query parameter 'seconds' must be a number in (0, {MAX_SECONDS:g}], "
                                   f"got {raw_seconds[:32]!r}")  # fmt: skip
-    return timeline.snapshot(now_ns, seconds, devices)
+    return seconds

@@ -16,10 +16,11 @@ import msgspec
 import numpy as np
 
 import mainspring
-from mainspring.controller.service import ControllerService, ServedModel, ServiceError
+from mainspring.controller.service import ServedModel, ServiceError
 from mainspring.frontend.access import Access
 from mainspring.frontend.errors import InferenceError
 from mainspring.frontend.limits import RequestLimits
+from mainspring.frontend.port import ControllerPort
 from mainspring.models.repository import ModelLoadError, ModelRepository
 from mainspring.protocol import Outcome
 from mainspring.protocol.tensors import DATATYPES, shape_matches
@@ -47,7 +48,7 @@ class Tensor:
 class DataPlane:
     def __init__(
         self,
-        service: ControllerService,
+        service: ControllerPort,
         repo: ModelRepository | None = None,
         name: str = "mainspring",
         limits: RequestLimits | None = None,
@@ -112,12 +113,12 @@ class DataPlane:
         config["profile"] = served.profile.to_json()
         return config
 
-    def model_stats(self, name: str | None = None) -> dict[str, Any]:
+    async def model_stats(self, name: str | None = None) -> dict[str, Any]:
         names = [name] if name else sorted(self.service.models)
         stats = []
         for model in names:
             served = self.model(model)
-            s = self.service.metrics.stats(model)
+            s = await self.service.model_statistics(model)
             stats.append({
                 "name": model,
                 "version": str(served.version),

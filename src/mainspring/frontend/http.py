@@ -16,7 +16,7 @@ from aiohttp import web
 
 from mainspring.frontend.access import UNAUTHORIZED, http_scope
 from mainspring.frontend.dashboard import page as dashboard_page
-from mainspring.frontend.dashboard import timeline_data
+from mainspring.frontend.dashboard import timeline_seconds
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.openapi import openapi_document
@@ -94,7 +94,7 @@ async def model_config(request: web.Request) -> web.Response:
 
 
 async def model_stats(request: web.Request) -> web.Response:
-    return web.json_response(_plane(request).model_stats(request.match_info.get("model")))
+    return web.json_response(await _plane(request).model_stats(request.match_info.get("model")))
 
 
 async def repository_index(request: web.Request) -> web.Response:
@@ -112,16 +112,13 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    plane = _plane(request)
-    body = plane.service.metrics.exposition(plane.service.clock.now_ns())
+    body = await _plane(request).service.exposition()
     return web.Response(body=body, content_type="text/plain", charset="utf-8", headers={"X-Version": "0.0.4"})
 
 
 async def dashboard_timeline(request: web.Request) -> web.Response:
-    service = _plane(request).service
-    seconds = request.query.get("seconds", "10")
-    data = timeline_data(service.timeline, service.clock.now_ns(), seconds, service.device_ids)
-    return web.json_response(data)
+    seconds = timeline_seconds(request.query.get("seconds", "10"))
+    return web.json_response(await _plane(request).service.timeline_view(seconds))
 
 
 async def openapi(request: web.Request) -> web.Response:

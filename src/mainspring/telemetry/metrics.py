@@ -74,6 +74,12 @@ class ServingMetrics:
         self.worker_restarts = Counter(
             "mainspring_worker_restarts", "Local worker processes restarted after they exited", registry=r
         )
+        self.frontend_calls = Counter(
+            "mainspring_frontend_calls",
+            "Inference calls handed over by each frontend process (serve --frontends)",
+            ["frontend"],
+            registry=r,
+        )
         self.devices = Gauge("mainspring_devices", "Connected devices", registry=r)
         self.models = Gauge("mainspring_models", "Models served", registry=r)
         self.model_stats: dict[str, ModelStats] = {}

@@ -70,7 +70,7 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 
 
-def encode(message: Message, samples: Sequence[Sample | None] | None = None) -> list[bytes | memoryview]:
+def encode(message: msgspec.Struct, samples: Sequence[Sample | None] | None = None) -> list[bytes | memoryview]:
     """Header frame, then each sample's tensors as raw frames (C order)."""
     frames: list[bytes | memoryview] = [_encoder.encode(message)]
     for sample in samples or ():
@@ -99,6 +99,13 @@ def _decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[dict[st
     metas = message.inputs if isinstance(message, Act) else message.outputs if isinstance(message, Result) else None
     if metas is None:
         return message, None
+    return message, samples_of(metas, frames)
+
+
+def samples_of(
+    metas: Sequence[Sequence[TensorMeta]], frames: Sequence[bytes | memoryview]
+) -> list[dict[str, np.ndarray[Any, Any]]]:
+    """The tensors after a header frame, one dict per request as ``metas`` name them (writable copies)."""
     expected = sum(len(request_metas) for request_metas in metas)
     if expected != len(frames) - 1:
         raise ValueError(f"message has {len(frames) - 1} tensor frames, its header names {expected}")
@@ -111,7 +118,7 @@ def _decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[dict[st
             sample[meta.name] = array
             index += 1
         samples.append(sample)
-    return message, samples
+    return samples
 
 
 def metas_of(samples: Sequence[Sample | None]) -> list[list[TensorMeta]]:

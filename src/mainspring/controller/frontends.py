@@ -1,0 +1,161 @@
+"""The controller's end of the frontend channel (``serve --frontends N``): one ROUTER socket.
+
+Frontend processes decode HTTP and gRPC requests on cores of their own and hand each call to the
+controller here (``Submit``, tensors as raw frames); the answers go back the same way. Health and
+metadata they answer from a ``State`` the hub sends on join and whenever it changes; the rest
+(repository, statistics, metrics, timeline) they ask for (``Ask``). The socket is an ``ipc://``
+path in a folder only this user can enter: a local channel, not a network one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from mainspring.controller.service import ControllerService, ServiceError
+from mainspring.models.repository import ModelLoadError
+from mainspring.protocol import Outcome
+from mainspring.protocol.models import ModelInfo
+from mainspring.protocol.tensors import Sample
+from mainspring.transport.frontend_messages import (
+    Answers,
+    Ask,
+    Join,
+    Refused,
+    Reply,
+    State,
+    Submit,
+    decode_frontend,
+)
+from mainspring.transport.messages import CodecError, encode, metas_of
+
+log = logging.getLogger(__name__)
+
+STATE_CHECK_S = 0.02  # how often a change of models, devices or acceptance is looked for
+
+
+class FrontendHub:
+    """Serves frontend processes on ``endpoint`` for ``service``."""
+
+    def __init__(self, service: ControllerService, endpoint: str) -> None:
+        self.service = service
+        self.endpoint = endpoint
+        self._socket: zmq.asyncio.Socket | None = None
+        self._frontends: dict[bytes, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._receiver: asyncio.Task[None] | None = None
+        self._pusher: asyncio.Task[None] | None = None
+        self._sent: object = None
+
+    @property
+    def joined(self) -> int:
+        """Frontend processes that said they are there."""
+        return len(self._frontends)
+
+    async def start(self) -> None:
+        socket = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.bind(self.endpoint)
+        self._socket = socket
+        self._receiver = asyncio.create_task(self._receive())
+        self._pusher = asyncio.create_task(self._push_state())
+
+    async def close(self) -> None:
+        for task in (self._receiver, self._pusher, *self._tasks):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._socket is not None:
+            self._socket.close(0)
+
+    # --- state -----------------------------------------------------------------------------------
+    def _state(self) -> State:
+        service = self.service
+        models = [ModelInfo(m.config, m.profile.to_json(), m.version) for _, m in sorted(service.models.items())]
+        return State(models, service.device_count, service.accepting, dict(service.load_errors), service.default_slo_ns)
+
+    def _signature(self) -> object:
+        service = self.service
+        versions = tuple(sorted((name, m.version) for name, m in service.models.items()))
+        return versions, service.device_count, service.accepting, tuple(sorted(service.load_errors.items()))
+
+    async def _push_state(self) -> None:
+        while True:
+            await asyncio.sleep(STATE_CHECK_S)
+            signature = self._signature()
+            if signature != self._sent and self._frontends:
+                self._sent = signature
+                state = self._state()
+                for identity in list(self._frontends):
+                    await self._send(identity, state)
+
+    # --- calls -----------------------------------------------------------------------------------
+    async def _receive(self) -> None:
+        assert self._socket is not None
+        while True:
+            identity, *frames = await self._socket.recv_multipart(copy=False)
+            try:
+                message, samples = decode_frontend([frame.buffer for frame in frames])
+            except CodecError as error:
+                log.warning("dropped a message from a frontend: %s", error)
+                continue
+            key = bytes(identity.buffer)
+            if isinstance(message, Join):
+                self._frontends[key] = message.frontend
+                log.info("frontend %s joined", message.frontend)
+                await self._send(key, self._state())
+            elif isinstance(message, Submit) and samples is not None:
+                self._spawn(self._infer(key, message, samples))
+            elif isinstance(message, Ask):
+                self._spawn(self._ask(key, message))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _infer(self, identity: bytes, submit: Submit, samples: list[dict[str, Any]]) -> None:
+        name = self._frontends.get(identity, "?")
+        self.service.metrics.frontend_calls.labels(name).inc()
+        try:
+            answers = await self.service.infer(submit.model, samples, submit.slo_ns)
+        except ServiceError as error:
+            await self._send(identity, Refused(submit.call, error.kind, str(error)))
+            return
+        outputs: list[Sample] = [output if response.outcome is Outcome.SERVED else {} for response, output in answers]
+        reply = Answers(submit.call, [r.outcome for r, _ in answers], [r.reason for r, _ in answers], metas_of(outputs))
+        await self._send(identity, reply, outputs)
+
+    async def _ask(self, identity: bytes, ask: Ask) -> None:
+        service = self.service
+        try:
+            value: Any = None
+            if ask.what == "load":
+                await service.load_model(ask.model)
+            elif ask.what == "unload":
+                await service.unload_model(ask.model)
+            elif ask.what == "statistics":
+                value = msgspec.to_builtins(await service.model_statistics(ask.model))
+            elif ask.what == "metrics":
+                value = await service.exposition()
+            elif ask.what == "timeline":
+                value = await service.timeline_view(ask.seconds)
+            else:
+                raise ServiceError("invalid", f"unknown question {ask.what!r}")
+        except ServiceError as error:
+            await self._send(identity, Refused(ask.call, error.kind, str(error)))
+        except ModelLoadError as error:
+            await self._send(identity, Refused(ask.call, "invalid", str(error)))
+        else:
+            await self._send(identity, Reply(ask.call, value))
+
+    async def _send(self, identity: bytes, message: msgspec.Struct, samples: list[Sample] | None = None) -> None:
+        if self._socket is not None:
+            await self._socket.send_multipart([identity, *encode(message, samples)], copy=False)

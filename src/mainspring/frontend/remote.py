@@ -1,0 +1,212 @@
+"""A frontend process of its own (``serve --frontends N``): HTTP and gRPC on the server's ports
+(``SO_REUSEPORT``: the kernel spreads connections over the processes), the controller behind a
+local ZeroMQ channel (``controller/frontends.py``).
+
+``RemoteController`` is the controller as the data plane sees it (``ControllerPort``): health and
+metadata from the last ``State``, every other call a message and its answer. The process exits
+when the controller's process is gone; ``serve`` starts a frontend that exits again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+from aiohttp import web
+
+from mainspring.controller.service import Answer, ServedModel, ServiceError
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import Response
+from mainspring.protocol.tensors import Sample
+from mainspring.telemetry.metrics import ModelStats
+from mainspring.transport.frontend_messages import Answers, Ask, Join, Refused, Reply, State, Submit, decode_frontend
+from mainspring.transport.messages import CodecError, encode, metas_of
+
+log = logging.getLogger("mainspring.frontend.remote")  # also when run as __main__
+
+
+class RemoteController:
+    """The controller in another process, over a DEALER socket connected to ``endpoint``."""
+
+    def __init__(self, endpoint: str, name: str) -> None:
+        self.endpoint = endpoint
+        self.name = name
+        self.models: dict[str, ServedModel] = {}
+        self.device_count = 0
+        self.accepting = False
+        self.load_errors: dict[str, str] = {}
+        self.default_slo_ns = 0
+        self._socket: zmq.asyncio.Socket | None = None
+        self._calls = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[tuple[Any, list[dict[str, Any]] | None]]] = {}
+        self._receiver: asyncio.Task[None] | None = None
+        self._joined = asyncio.Event()
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(self.endpoint)
+        self._socket = socket
+        self._receiver = asyncio.create_task(self._receive())
+        await socket.send_multipart(encode(Join(self.name)))
+        await asyncio.wait_for(self._joined.wait(), timeout_s)
+
+    async def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._receiver
+        if self._socket is not None:
+            self._socket.close(0)
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(ServiceError("unavailable", "the frontend is shutting down"))
+
+    async def _receive(self) -> None:
+        assert self._socket is not None
+        while True:
+            frames = await self._socket.recv_multipart(copy=False)
+            try:
+                message, samples = decode_frontend([frame.buffer for frame in frames])
+            except CodecError as error:
+                log.warning("dropped a message from the controller: %s", error)
+                continue
+            if isinstance(message, State):
+                self._apply(message)
+            elif isinstance(message, Answers | Refused | Reply):
+                future = self._waiting.pop(message.call, None)
+                if future is not None and not future.done():
+                    future.set_result((message, samples))
+
+    def _apply(self, state: State) -> None:
+        self.models = {
+            info.config.name: ServedModel(info.config, ModelProfile.from_json(info.profile, "controller"), info.version)
+            for info in state.models
+        }
+        self.device_count = state.device_count
+        self.accepting = state.accepting
+        self.load_errors = dict(state.load_errors)
+        self.default_slo_ns = state.default_slo_ns
+        self._joined.set()
+
+    async def _call(
+        self, call: int, message: msgspec.Struct, samples: Sequence[Sample] | None = None
+    ) -> tuple[Any, list[dict[str, Any]] | None]:
+        assert self._socket is not None
+        future: asyncio.Future[tuple[Any, list[dict[str, Any]] | None]] = asyncio.get_running_loop().create_future()
+        self._waiting[call] = future
+        await self._socket.send_multipart(encode(message, samples), copy=False)
+        reply, tensors = await future
+        if isinstance(reply, Refused):
+            raise ServiceError(reply.kind, reply.message)
+        return reply, tensors
+
+    # --- ControllerPort ---------------------------------------------------------------------------
+    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
+        call = next(self._calls)
+        reply, outputs = await self._call(call, Submit(call, model, slo_ns, metas_of(samples)), samples)
+        assert isinstance(reply, Answers) and outputs is not None
+        return [
+            (Response(0, outcome, reason), output)
+            for outcome, reason, output in zip(reply.outcomes, reply.reasons, outputs, strict=True)
+        ]
+
+    async def _ask(self, what: str, model: str = "", seconds: float = 0.0) -> Any:
+        call = next(self._calls)
+        reply, _ = await self._call(call, Ask(call, what, model, seconds))
+        assert isinstance(reply, Reply)
+        return reply.value
+
+    async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
+        await self._ask("load", model)
+
+    async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
+        await self._ask("unload", model)
+
+    async def model_statistics(self, model: str) -> ModelStats:
+        return ModelStats(**await self._ask("statistics", model))
+
+    async def exposition(self) -> bytes:
+        value = await self._ask("metrics")
+        assert isinstance(value, bytes)
+        return value
+
+    async def timeline_view(self, seconds: float) -> dict[str, Any]:
+        value = await self._ask("timeline", seconds=seconds)
+        assert isinstance(value, dict)
+        return value
+
+
+class FrontendSpec(msgspec.Struct, frozen=True):
+    """What ``serve`` tells a frontend process (as JSON on its command line; the token in the environment)."""
+
+    endpoint: str
+    name: str
+    host: str
+    http_port: int
+    grpc_port: int
+    parent_pid: int
+    repo: str = ""
+    limits: dict[str, int] = {}
+    auth_inference: bool = False
+
+
+TOKEN_ENV = "MAINSPRING_AUTH_TOKEN"
+
+
+async def run_frontend(spec: FrontendSpec) -> None:
+    """Serve HTTP and gRPC on the shared ports until SIGINT/SIGTERM or the controller's process ends."""
+    from mainspring.frontend.access import Access
+    from mainspring.frontend.dataplane import DataPlane
+    from mainspring.frontend.grpc import start_grpc
+    from mainspring.frontend.http import make_app
+    from mainspring.frontend.limits import RequestLimits
+    from mainspring.models.repository import ModelRepository
+
+    controller = RemoteController(spec.endpoint, spec.name)
+    await controller.start()
+    repo = ModelRepository(spec.repo) if spec.repo else None
+    access = Access(os.environ.get(TOKEN_ENV, ""), spec.auth_inference)
+    plane = DataPlane(controller, repo, limits=RequestLimits(**spec.limits), access=access)
+    runner = web.AppRunner(make_app(plane), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    await web.TCPSite(runner, spec.host, spec.http_port, reuse_port=True).start()
+    grpc_server = await start_grpc(plane, f"{spec.host}:{spec.grpc_port}")
+    log.info("frontend %s (pid %d) serving HTTP on %s:%d and gRPC on %s:%d", spec.name, os.getpid(),
+             spec.host, spec.http_port, spec.host, spec.grpc_port)  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    while not stop.is_set() and os.getppid() == spec.parent_pid:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    await grpc_server.stop(grace=1.0)
+    await runner.cleanup()
+    await controller.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    spec = msgspec.json.decode(argv[0], type=FrontendSpec)
+    try:
+        asyncio.run(run_frontend(spec))
+    except (OSError, TimeoutError) as error:
+        log.error("frontend %s: %r", spec.name, error)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

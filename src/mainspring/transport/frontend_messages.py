@@ -1,0 +1,94 @@
+"""Messages between frontend processes and the controller (``serve --frontends N``), and their wire form.
+
+As between controller and workers (``messages.py``): one msgpack header frame, then one raw frame per
+tensor in the order the header's metas name them, so tensor bytes decoded once by a frontend travel
+to the controller, and outputs back, without another encoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from mainspring.protocol import Outcome
+from mainspring.protocol.models import ModelInfo
+from mainspring.transport.messages import CodecError, TensorMeta, samples_of
+
+
+# frontend -> controller
+class Join(msgspec.Struct, frozen=True, tag=True):
+    frontend: str
+
+
+class Submit(msgspec.Struct, frozen=True, tag=True):
+    """One client call: a request per sample, one SLO."""
+
+    call: int
+    model: str
+    slo_ns: int | None
+    inputs: list[list[TensorMeta]]
+
+
+class Ask(msgspec.Struct, frozen=True, tag=True):
+    """Anything else a frontend needs answered: ``what`` is load, unload, statistics, metrics or timeline."""
+
+    call: int
+    what: str
+    model: str = ""
+    seconds: float = 0.0
+
+
+# controller -> frontend
+class State(msgspec.Struct, frozen=True, tag=True):
+    """What a frontend answers health and metadata calls from; sent on join and on every change."""
+
+    models: list[ModelInfo]
+    device_count: int
+    accepting: bool
+    load_errors: dict[str, str]
+    default_slo_ns: int
+
+
+class Answers(msgspec.Struct, frozen=True, tag=True):
+    """The call's answers in sample order; ``outputs`` of the served ones (empty for the others)."""
+
+    call: int
+    outcomes: list[Outcome]
+    reasons: list[str]
+    outputs: list[list[TensorMeta]]
+
+
+class Refused(msgspec.Struct, frozen=True, tag=True):
+    """The call failed as a whole: ``kind`` is a ``ServiceError`` kind (not_found, invalid, ...)."""
+
+    call: int
+    kind: str
+    message: str
+
+
+class Reply(msgspec.Struct, frozen=True, tag=True):
+    call: int
+    value: Any = None
+
+
+FrontendMessage = Join | Submit | Ask | State | Answers | Refused | Reply
+
+_decoder = msgspec.msgpack.Decoder(FrontendMessage)
+
+
+def decode_frontend(
+    frames: Sequence[bytes | memoryview],
+) -> tuple[FrontendMessage, list[dict[str, np.ndarray[Any, Any]]] | None]:
+    """The message and the tensors it carries (``Submit`` inputs, ``Answers`` outputs);
+    ``CodecError`` for anything else."""
+    try:
+        message = _decoder.decode(frames[0])
+        metas = (
+            message.inputs if isinstance(message, Submit) else message.outputs if isinstance(message, Answers) else None
+        )
+        return message, None if metas is None else samples_of(metas, frames)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError) as error:
+        raise CodecError(f"malformed frontend message: {error}") from None

@@ -108,6 +108,8 @@ class FrontendHub:
                 continue
             key = bytes(identity.buffer)
             if isinstance(message, Join):
+                for stale in [k for k, name in self._frontends.items() if name == message.frontend]:
+                    del self._frontends[stale]  # that process is gone: this is the one started after it
                 self._frontends[key] = message.frontend
                 log.info("frontend %s joined", message.frontend)
                 await self._send(key, self._state())

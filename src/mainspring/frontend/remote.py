@@ -28,10 +28,13 @@ from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Response
 from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
+from mainspring.time import NS_PER_S
 from mainspring.transport.frontend_messages import Answers, Ask, Join, Refused, Reply, State, Submit, decode_frontend
 from mainspring.transport.messages import CodecError, encode, metas_of
 
 log = logging.getLogger("mainspring.frontend.remote")  # also when run as __main__
+
+ANSWER_GRACE_S = 5.0  # past a call's own bound (its deadline, the model operation's timeout)
 
 
 class RemoteController:
@@ -99,13 +102,20 @@ class RemoteController:
         self._joined.set()
 
     async def _call(
-        self, call: int, message: msgspec.Struct, samples: Sequence[Sample] | None = None
+        self, call: int, message: msgspec.Struct, timeout_s: float, samples: Sequence[Sample] | None = None
     ) -> tuple[Any, list[dict[str, Any]] | None]:
+        """Send ``message`` and wait for its answer, at most ``timeout_s``: a controller that is gone or
+        stuck must not hold a client's call without a bound."""
         assert self._socket is not None
         future: asyncio.Future[tuple[Any, list[dict[str, Any]] | None]] = asyncio.get_running_loop().create_future()
         self._waiting[call] = future
         await self._socket.send_multipart(encode(message, samples), copy=False)
-        reply, tensors = await future
+        try:
+            reply, tensors = await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise ServiceError("unavailable", f"the controller did not answer within {timeout_s:.1f} s") from None
+        finally:
+            self._waiting.pop(call, None)
         if isinstance(reply, Refused):
             raise ServiceError(reply.kind, reply.message)
         return reply, tensors
@@ -113,24 +123,26 @@ class RemoteController:
     # --- ControllerPort ---------------------------------------------------------------------------
     async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
         call = next(self._calls)
-        reply, outputs = await self._call(call, Submit(call, model, slo_ns, metas_of(samples)), samples)
+        # Every request is answered by its deadline at the latest; past that and a grace, the controller is gone.
+        timeout_s = (slo_ns if slo_ns is not None else self.default_slo_ns) / NS_PER_S + ANSWER_GRACE_S
+        reply, outputs = await self._call(call, Submit(call, model, slo_ns, metas_of(samples)), timeout_s, samples)
         assert isinstance(reply, Answers) and outputs is not None
         return [
             (Response(0, outcome, reason), output)
             for outcome, reason, output in zip(reply.outcomes, reply.reasons, outputs, strict=True)
         ]
 
-    async def _ask(self, what: str, model: str = "", seconds: float = 0.0) -> Any:
+    async def _ask(self, what: str, model: str = "", seconds: float = 0.0, timeout_s: float = 10.0) -> Any:
         call = next(self._calls)
-        reply, _ = await self._call(call, Ask(call, what, model, seconds))
+        reply, _ = await self._call(call, Ask(call, what, model, seconds), timeout_s)
         assert isinstance(reply, Reply)
         return reply.value
 
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
-        await self._ask("load", model)
+        await self._ask("load", model, timeout_s=timeout_s + ANSWER_GRACE_S)
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
-        await self._ask("unload", model)
+        await self._ask("unload", model, timeout_s=timeout_s + ANSWER_GRACE_S)
 
     async def model_statistics(self, model: str) -> ModelStats:
         return ModelStats(**await self._ask("statistics", model))

@@ -216,9 +216,10 @@ def test_metrics_stats_and_openapi(server: ServerProcess, http: httpclient.Infer
     assert requests[("mlp", "success")] >= 2
     for name in ("mainspring_goodput_requests", "mainspring_request_latency_seconds", "mainspring_loads",
                  "mainspring_device_busy_fraction", "mainspring_prediction_error_seconds", "mainspring_rejections",
-                 "mainspring_workers"):  # fmt: skip
+                 "mainspring_workers", "mainspring_controller_loop_lag_seconds"):  # fmt: skip
         assert name in families, name
     assert families["mainspring_workers"].samples[0].value == 1
+    assert 0 <= families["mainspring_controller_loop_lag_seconds"].samples[0].value < 1.0  # an idle loop is on time
     stats = http.get_inference_statistics("mlp")["model_stats"][0]
     assert stats["name"] == "mlp" and stats["inference_stats"]["success"]["count"] >= 2
     status, body = http_call(f"http://{server.http}/v2/openapi.json")

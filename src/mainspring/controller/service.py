@@ -313,6 +313,7 @@ class ControllerService:
 
     async def exposition(self) -> bytes:
         """The Prometheus metrics, in the text format."""
+        self.metrics.loop_lag.set(self.loop_lag_ns / NS_PER_S)
         return self.metrics.exposition(self.clock.now_ns())
 
     async def timeline_view(self, seconds: float) -> dict[str, Any]:

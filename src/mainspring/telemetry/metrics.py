@@ -80,6 +80,12 @@ class ServingMetrics:
             ["frontend"],
             registry=r,
         )
+        self.loop_lag = Gauge(
+            "mainspring_controller_loop_lag_seconds",
+            "How late the controller's event loop wakes (held two ticks in a row, decaying by half every 100 ms); "
+            "past max_loop_lag_ms new requests get 429",
+            registry=r,
+        )
         self.devices = Gauge("mainspring_devices", "Connected devices", registry=r)
         self.models = Gauge("mainspring_models", "Models served", registry=r)
         self.model_stats: dict[str, ModelStats] = {}

@@ -162,6 +162,10 @@ class Admission:
 
     def _share(self, model: str, device: DeviceState, now_ns: int) -> float:
         own = self.model_demand(model, now_ns, device.kind) / len(self._residency.holders[model])
+        return self._share_given(own, device, now_ns)
+
+    def _share_given(self, own: float, device: DeviceState, now_ns: int) -> float:
+        """The share of ``device`` left to a model whose own demand on it is ``own``."""
         return max(self.config.min_share, 1.0 - (device.demand.value(now_ns) - own))
 
     def over_share(self, model: str, device: DeviceState, now_ns: int) -> bool:
@@ -170,4 +174,4 @@ class Admission:
         if not holders:
             return False
         own = self.model_demand(model, now_ns, device.kind) / len(holders)
-        return own > self._share(model, device, now_ns)
+        return own > self._share_given(own, device, now_ns)

@@ -35,7 +35,7 @@ from mainspring.scheduler.clockwork.estimator import Estimator
 from mainspring.scheduler.clockwork.loads import LoadPlanner
 from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
 from mainspring.scheduler.clockwork.residency import Residency
-from mainspring.scheduler.clockwork.shapes import BatchShapes
+from mainspring.scheduler.clockwork.shapes import BatchShapes, cheapest_in
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.time import NS_PER_S, ms_to_ns
@@ -342,7 +342,9 @@ class ClockworkScheduler(PolicyBookkeeping):
         for size, exec_ns in reversed(table):
             if exec_ns <= latest_end and (exec_ns <= longest or size == smallest):
                 count = min(queue.count, size)
-                padded, padded_ns = self.shapes.cheapest(model, count, size, kind)
+                cheapest = cheapest_in(table, count, size)
+                assert cheapest is not None  # ``size`` is one of the table's
+                padded, padded_ns = cheapest
                 return _Choice(
                     head.deadline_ns - start_ns - padded_ns, model, start_ns, count, padded, head.deadline_ns
                 )

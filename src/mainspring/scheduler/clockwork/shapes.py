@@ -45,17 +45,8 @@ class BatchShapes:
         """The size from the one that holds ``count`` up to ``up_to`` with the least estimate, and
         that estimate. Estimates are p99s of short windows: one spike can make a batch of 8 look
         slower than one of 16, and then padding further is the faster (and the feasible) choice."""
-        best_size, best_ns, up_to_ns = 0, NEVER, -1
-        for size, exec_ns in self.estimates(model, kind)[0]:  # smallest first: ties go to the smaller
-            if size >= up_to:
-                if size == up_to:
-                    up_to_ns = exec_ns
-                break
-            if count <= size and exec_ns < best_ns:
-                best_size, best_ns = size, exec_ns
-        if up_to_ns < 0:  # not one of the sizes
-            up_to_ns = self.estimator.exec_ns(model, up_to, kind)
-        return (best_size, best_ns) if best_ns < up_to_ns else (up_to, up_to_ns)
+        found = cheapest_in(self.estimates(model, kind)[0], count, up_to)
+        return found if found is not None else (up_to, self.estimator.exec_ns(model, up_to, kind))
 
     def fastest_ns(self, model: str, kind: str) -> int:
         """The least any request of ``model`` needs on ``kind``: the least estimate of any size, as
@@ -87,3 +78,18 @@ class BatchShapes:
         full, rest = divmod(count, largest)
         work = full * self.estimator.exec_ns(model, largest, kind)
         return work + (self.cheapest(model, rest, largest, kind)[1] if rest else 0)
+
+
+def cheapest_in(table: tuple[tuple[int, int], ...], count: int, up_to: int) -> tuple[int, int] | None:
+    """``BatchShapes.cheapest`` on a model's (size, estimate) table; None if ``up_to`` is not one of its sizes."""
+    best_size, best_ns, up_to_ns = 0, NEVER, -1
+    for size, exec_ns in table:  # smallest first: ties go to the smaller
+        if size >= up_to:
+            if size == up_to:
+                up_to_ns = exec_ns
+            break
+        if count <= size and exec_ns < best_ns:
+            best_size, best_ns = size, exec_ns
+    if up_to_ns < 0:
+        return None
+    return (best_size, best_ns) if best_ns < up_to_ns else (up_to, up_to_ns)

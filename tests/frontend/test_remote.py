@@ -13,9 +13,14 @@ import zmq.asyncio
 
 from mainspring.controller.service import ServiceError
 from mainspring.frontend import remote
+from mainspring.frontend.dataplane import DataPlane, Tensor
 from mainspring.frontend.remote import RemoteController
-from mainspring.transport.frontend_messages import Join, State, Submit, decode_frontend
-from mainspring.transport.messages import encode
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import Outcome
+from mainspring.protocol.models import ModelInfo
+from mainspring.transport.frontend_messages import Answers, Ask, Join, Reply, State, Submit, decode_frontend
+from mainspring.transport.messages import encode, metas_of
+from mainspring.worker.emulated_worker import echo_config
 
 
 def test_a_call_the_controller_never_answers_fails_after_its_deadline_and_a_grace(
@@ -49,6 +54,46 @@ def test_a_call_the_controller_never_answers_fails_after_its_deadline_and_a_grac
         assert error.value.kind == "unavailable" and 0.25 < time.monotonic() - begin < 2.0
         assert isinstance(seen[-1], Submit) and seen[-1].inputs[0][0].shape == (1, 4)
         await controller.close()
+        task.cancel()
+        router.close(0)
+
+    asyncio.run(test())
+
+
+def test_a_frontend_whose_view_trails_asks_the_controller_before_refusing(tmp_path: Path) -> None:
+    """The frontend's last state has no model and no device (a worker joined a moment ago): an infer
+    is not refused from it; the frontend asks for the state, then the call is served."""
+    endpoint = f"ipc://{tmp_path}/frontends"
+    profile = ModelProfile("m", "cpu", 4096, 1_000, {1: 1_000})
+    fresh = State([ModelInfo(echo_config("m", [1]), profile.to_json(), 1)], 1, True, {}, 100_000_000)
+
+    async def test() -> None:
+        router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        router.bind(endpoint)
+
+        async def controller() -> None:
+            while True:
+                identity, *frames = await router.recv_multipart()
+                message, samples = decode_frontend(frames)
+                if isinstance(message, Join):
+                    await router.send_multipart([identity, *encode(State([], 0, True, {}, 100_000_000))])
+                elif isinstance(message, Ask) and message.what == "state":
+                    await router.send_multipart([identity, *encode(fresh)])
+                    await router.send_multipart([identity, *encode(Reply(message.call))])
+                elif isinstance(message, Submit) and samples is not None:  # echo
+                    answers = Answers(message.call, [Outcome.SERVED], [""], metas_of([{"output": samples[0]["input"]}]))
+                    await router.send_multipart([identity, *encode(answers, [{"output": samples[0]["input"]}])])
+
+        task = asyncio.create_task(controller())
+        remote_controller = RemoteController(endpoint, "frontend-test")
+        await remote_controller.start(timeout_s=5)
+        plane = DataPlane(remote_controller)
+        assert not plane.ready()
+        values = np.arange(4, dtype=np.float32).reshape(1, 4)
+        served, outputs = await plane.infer("m", None, [Tensor("input", "FP32", [1, 4], values)], None, {})
+        assert served.version == 1 and plane.ready()
+        np.testing.assert_array_equal(outputs[0].data, values)
+        await remote_controller.close()
         task.cancel()
         router.close(0)
 

@@ -149,6 +149,8 @@ class FrontendHub:
                 value = await service.exposition()
             elif ask.what == "timeline":
                 value = await service.timeline_view(ask.seconds)
+            elif ask.what == "state":
+                await self._send(identity, self._state())
             else:
                 raise ServiceError("invalid", f"unknown question {ask.what!r}")
         except ServiceError as error:

@@ -308,6 +308,9 @@ class ControllerService:
         self.metrics.models.set(len(self.models))
 
     # --- what a frontend reads besides inference (``frontend/port.py``) --------------------------
+    async def refresh(self) -> bool:
+        return False  # this is the controller: its view is the current one
+
     async def model_statistics(self, model: str) -> ModelStats:
         return self.metrics.stats(model)
 

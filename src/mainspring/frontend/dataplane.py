@@ -173,7 +173,14 @@ class DataPlane:
         requested: Sequence[str] | None,
         parameters: Mapping[str, Any],
     ) -> tuple[ServedModel, list[Tensor]]:
-        served = self.model(name, version)
+        try:
+            served = self.model(name, version)
+        except InferenceError:
+            # A frontend process's view may trail the controller's by a moment (a worker that just
+            # joined, a model just loaded): ask it before refusing.
+            if not await self.service.refresh():
+                raise
+            served = self.model(name, version)
         batch = self._check_inputs(served, inputs)
         wanted = self._check_outputs(served, requested)
         slo_ns = self._slo_ns(served, parameters)

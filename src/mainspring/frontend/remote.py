@@ -138,6 +138,10 @@ class RemoteController:
         assert isinstance(reply, Reply)
         return reply.value
 
+    async def refresh(self) -> bool:
+        await self._ask("state")  # the controller sends its state first, on the same socket
+        return True
+
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
         await self._ask("load", model, timeout_s=timeout_s + ANSWER_GRACE_S)
 

@@ -33,7 +33,8 @@ class Submit(msgspec.Struct, frozen=True, tag=True):
 
 
 class Ask(msgspec.Struct, frozen=True, tag=True):
-    """Anything else a frontend needs answered: ``what`` is load, unload, statistics, metrics or timeline."""
+    """Anything else a frontend needs answered: ``what`` is load, unload, statistics, metrics, timeline or
+    state (a fresh ``State``, sent before the reply)."""
 
     call: int
     what: str

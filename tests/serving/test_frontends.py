@@ -85,6 +85,17 @@ def test_two_frontend_processes_answer_every_request_once(small_zoo: ModelReposi
             assert http_call(f"http://{server.http}/v2/models/mlp", headers={"Connection": "close"})[0] == 200
             assert http_call(f"http://{server.http}/v2/models/nope", headers={"Connection": "close"})[0] == 404
 
+        # Unloaded or loaded through whichever process: gone from, then back in, every process at once.
+        base = f"http://{server.http}/v2"
+        assert http_call(f"{base}/repository/models/bert_tiny/unload", b"{}", {"Connection": "close"})[0] == 200
+        assert [http_call(f"{base}/models/bert_tiny", headers={"Connection": "close"})[0] for _ in range(6)] == [
+            404
+        ] * 6
+        assert http_call(f"{base}/repository/models/bert_tiny/load", b"{}", {"Connection": "close"})[0] == 200
+        assert [http_call(f"{base}/models/bert_tiny", headers={"Connection": "close"})[0] for _ in range(6)] == [
+            200
+        ] * 6
+
         # A frontend process that dies is started again, and the ports keep serving meanwhile.
         os.kill(first_frontend, signal.SIGKILL)
         begin = time.monotonic()

@@ -37,7 +37,7 @@ from mainspring.transport.messages import CodecError, encode, metas_of
 
 log = logging.getLogger(__name__)
 
-STATE_CHECK_S = 0.02  # how often a change of models, devices or acceptance is looked for
+STATE_CHECK_S = 0.1  # besides the service's word on every change: a net under it
 
 
 class FrontendHub:
@@ -63,10 +63,13 @@ class FrontendHub:
         socket.setsockopt(zmq.LINGER, 0)
         socket.bind(self.endpoint)
         self._socket = socket
+        self.service.state_listeners.append(self._broadcast_if_changed)
         self._receiver = asyncio.create_task(self._receive())
         self._pusher = asyncio.create_task(self._push_state())
 
     async def close(self) -> None:
+        if self._broadcast_if_changed in self.service.state_listeners:
+            self.service.state_listeners.remove(self._broadcast_if_changed)
         for task in (self._receiver, self._pusher, *self._tasks):
             if task is not None:
                 task.cancel()
@@ -89,12 +92,15 @@ class FrontendHub:
     async def _push_state(self) -> None:
         while True:
             await asyncio.sleep(STATE_CHECK_S)
-            signature = self._signature()
-            if signature != self._sent and self._frontends:
-                self._sent = signature
-                state = self._state()
-                for identity in list(self._frontends):
-                    await self._send(identity, state)
+            await self._broadcast_if_changed()
+
+    async def _broadcast_if_changed(self) -> None:
+        signature = self._signature()
+        if signature != self._sent and self._frontends:
+            self._sent = signature
+            state = self._state()
+            for identity in list(self._frontends):
+                await self._send(identity, state)
 
     # --- calls -----------------------------------------------------------------------------------
     async def _receive(self) -> None:

@@ -14,7 +14,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,6 +137,9 @@ class ControllerService:
         self._ops: dict[int, _ModelOp] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.accepting = True
+        # Told when models, devices or acceptance change (frontend processes keep a copy of that state).
+        self.state_listeners: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        self._announcements: set[asyncio.Task[None]] = set()
         self.worker_joined = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
         self._lag_monitor: asyncio.Task[None] | None = None
@@ -303,9 +306,19 @@ class ControllerService:
             op.done.set_result(op.replies)
 
     def _update_gauges(self) -> None:
+        """After every change of workers, devices or models: the gauges, and whoever listens."""
         self.metrics.workers.set(len(self._handles))
         self.metrics.devices.set(len(self._links))
         self.metrics.models.set(len(self.models))
+        for listener in self.state_listeners:
+            task = self.loop.create_task(listener())
+            self._announcements.add(task)
+            task.add_done_callback(self._announcements.discard)
+
+    async def _announce(self) -> None:
+        """Tell the listeners now, so that they know before the caller of a load or unload hears it is done."""
+        for listener in self.state_listeners:
+            await listener()
 
     # --- what a frontend reads besides inference (``frontend/port.py``) --------------------------
     async def refresh(self) -> bool:
@@ -342,6 +355,7 @@ class ControllerService:
         self.models[model] = ServedModel(info.config, profile, info.version)
         self.load_errors.pop(model, None)
         self._update_gauges()
+        await self._announce()
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
         """Refuse new requests for ``model``, let the admitted ones finish (each is answered by its
@@ -359,6 +373,7 @@ class ControllerService:
         self._membership.remove_model(model, self.clock.now_ns())
         self.controller.pump()  # hand out the answers of its queued requests
         self._update_gauges()
+        await self._announce()
         await self._model_op(ModelOperation.UNLOAD, model, timeout_s)
 
     async def _model_op(self, op: ModelOperation, model: str, timeout_s: float) -> list[ModelReply]:
@@ -381,6 +396,7 @@ class ControllerService:
     async def drain(self, timeout_s: float) -> int:
         """Stop accepting; wait up to ``timeout_s`` for outstanding requests, then answer the rest with an error."""
         self.accepting = False
+        self._update_gauges()
         for task in (self._watchdog, self._lag_monitor):
             if task is not None:
                 task.cancel()

@@ -19,6 +19,8 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 8001)")
     p.add_argument("--worker-port", type=int, help="port workers connect to (default 8002)")
     p.add_argument("--workers", choices=("local", "tcp"), help="start local workers (default) or wait for tcp ones")
+    p.add_argument("--ray", nargs="?", const="auto",
+                   help="place one worker per device of a Ray cluster (ADDRESS, default: the local one)")  # fmt: skip
     p.add_argument("--frontends", type=int, help="HTTP + gRPC processes on the ports (default: 1 per 2 cores, up to 4)")
     p.add_argument("--repo", help="model repository (default ~/.mainspring/zoo, built on first start)")
     p.add_argument("--policy", help="scheduling policy (default clockwork)")
@@ -63,6 +65,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "worker_port",
             "workers",
             "frontends",
+            "ray",
             "repo",
             "policy",
             "slo_ms",

@@ -39,6 +39,7 @@ from mainspring.frontend.http import make_app
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.remote import TOKEN_ENV, FrontendSpec
 from mainspring.models.repository import ModelRepository
+from mainspring.ray_cluster import RayPlacer
 from mainspring.scheduler.registry import DEFAULT_POLICY, policy_names
 from mainspring.transport.security import SECRET_ENV
 from mainspring.transport.zmq_hub import WorkerHub
@@ -60,6 +61,7 @@ class ServeConfig:
     worker_port: int = 8002
     workers: str = "local"  # or "tcp": wait for external workers
     frontends: int = 0  # HTTP + gRPC frontend processes sharing the ports; 0: one per two cores, at most 4
+    ray: str = ""  # a Ray cluster's address ("auto": the local one): one worker per device of each node, as actors
     repo: str = ""  # default: ~/.mainspring/zoo, created with the built-in zoo on first start
     policy: str = DEFAULT_POLICY
     slo_ms: float = 100.0
@@ -107,6 +109,8 @@ class ServeConfig:
             problems.append(f"event_loop={self.event_loop!r} must be 'asyncio' or 'uvloop'")
         if self.max_loop_lag_ms < 0:
             problems.append(f"max_loop_lag_ms={self.max_loop_lag_ms} must not be negative")
+        if self.ray and self.workers != "local":
+            problems.append("ray places the workers itself: leave workers at 'local'")
         if self.frontends < 0:
             problems.append(f"frontends={self.frontends} must not be negative (0: sized to the machine)")
         if self.max_restarts_per_minute < 0:
@@ -252,6 +256,7 @@ class Server:
         self._grpc: Any = None
         self._local: list[LocalWorker] = []
         self._frontends: list[LocalWorker] = []
+        self._ray: RayPlacer | None = None
         self._frontend_hub: FrontendHub | None = None
         self._channel_dir: tempfile.TemporaryDirectory[str] | None = None
         self._supervisor: asyncio.Task[None] | None = None
@@ -284,7 +289,9 @@ class Server:
                  config.host, config.http_port, config.host, config.grpc_port, self.hub.endpoint)  # fmt: skip
         if shared:
             await self._start_frontends(config.frontend_count - 1)
-        if config.workers == "local":
+        if config.ray:
+            await self._start_ray_workers()
+        elif config.workers == "local":
             self._start_local_workers()
             await self._wait_for_workers(len(self._local))
         if self._local or self._frontends:
@@ -326,6 +333,20 @@ class Server:
                 raise RuntimeError(f"frontend processes did not join within {timeout_s:.0f} s")
             await asyncio.sleep(0.05)
         log.info("%d frontend process(es) share ports %d and %d", count + 1, config.http_port, config.grpc_port)
+
+    async def _start_ray_workers(self) -> None:
+        """Workers as Ray actors, one per device of each node; serving starts with the first to join."""
+        assert self.repo is not None
+        config = self.config
+        from mainspring.ray_cluster import RayPlacer, RayWorkers
+
+        host = config.host if config.host not in ("0.0.0.0", "::", "") else await asyncio.to_thread(_node_ip)
+        workers = RayWorkers(f"tcp://{host}:{config.worker_port}", str(self.repo.root), config.pool_mib,
+                             config.worker_secret)  # fmt: skip
+        self._ray = RayPlacer(config.ray, workers)
+        await asyncio.to_thread(self._ray.start)
+        log.info("placing workers on the Ray cluster at %s", config.ray)
+        await self._wait_for_workers(1)
 
     def _frontend_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in (SECRET_ENV, TOKEN_ENV)}
@@ -398,6 +419,8 @@ class Server:
         await self.stop()
 
     async def stop(self) -> None:
+        if self._ray is not None:  # before the drain: no worker is placed again meanwhile
+            self._ray.stop_placing()
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -421,6 +444,8 @@ class Server:
             await self._grpc.stop(grace=1.0)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._ray is not None:
+            await asyncio.to_thread(self._ray.stop)
         await self.hub.close()
         for process in (w.process for w in self._local):
             try:
@@ -429,6 +454,13 @@ class Server:
                 process.terminate()
                 await asyncio.to_thread(process.wait, 5)
         log.info("stopped")
+
+
+def _node_ip() -> str:
+    """This machine's address as Ray's nodes reach it."""
+    import importlib
+
+    return str(importlib.import_module("ray.util").get_node_ip_address())
 
 
 def use_uvloop() -> None:

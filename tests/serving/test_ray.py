@@ -1,0 +1,106 @@
+"""``serve --ray``: workers placed as Ray actors on a local two-node cluster (a head and a second node,
+each with one CPU), models served from both, and a killed worker actor replaced under load with
+every request answered exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mainspring.models.repository import ModelRepository
+from tests.serving.processes import ServerProcess, free_port, http_call
+from tests.serving.test_supervision import metric
+from tests.serving.test_worker_loss import body, wait_for
+
+pytest.importorskip("ray")
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
+    """A head and a second node on loopback; the address and the environment that reaches them."""
+    port = free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(16)}  # fmt: skip
+    common = ["--num-cpus", "1", "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats"]
+    subprocess.run([RAY, "start", "--head", "--port", str(port), "--include-dashboard", "false", *common],
+                   env=env, check=True, capture_output=True, timeout=120)  # fmt: skip
+    try:
+        subprocess.run([RAY, "start", "--address", f"127.0.0.1:{port}", *common],
+                       env=env, check=True, capture_output=True, timeout=120)  # fmt: skip
+        yield f"127.0.0.1:{port}", env
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def actor_pids() -> list[int]:
+    """Processes of the placed worker actors (Ray names them after the running method)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().startswith(b"ray::WorkerActor"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_workers_on_a_ray_cluster_are_placed_and_replaced(
+    small_zoo: ModelRepository, tmp_path: Path, ray_cluster: tuple[str, dict[str, str]]
+) -> None:
+    address, env = ray_cluster
+    shutil.copytree(small_zoo.root, tmp_path / "repo")
+    # 64 MiB per device: resnet18 (3 pages) and bert_tiny (2) do not fit on one, so both nodes serve.
+    args = ("--ray", address, "--slo-ms", "30000", "--pool-mib", "64")
+    server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", *args, env=env)
+    stop = threading.Event()
+    try:
+        server.wait_ready()
+        wait_for(lambda: metric(server, "mainspring_devices") == 2, 120)  # a worker on each node
+        assert len(actor_pids()) == 2
+        answers: list[tuple[str, int]] = []
+
+        def client(model: str) -> None:
+            infer = f"http://{server.http}/v2/models/{model}/infer"
+            while not stop.is_set():
+                answers.append((model, http_call(infer, body(model))[0]))
+
+        clients = [threading.Thread(target=client, args=(m,), daemon=True) for m in ["resnet18", "bert_tiny"] * 2]
+        for thread in clients:
+            thread.start()
+        wait_for(lambda: len(answers) > 40, 60)
+        _, timeline = http_call(f"http://{server.http}/dashboard/timeline?seconds=30")
+        served_on = {a["device"] for a in json.loads(timeline)["actions"] if a["kind"] == "infer"}
+        assert len(served_on) == 2, served_on  # both nodes' workers ran batches
+
+        os.kill(actor_pids()[0], signal.SIGKILL)  # under load
+        log = tmp_path / "server.log"
+        wait_for(lambda: "placing it again" in log.read_text(), 60)
+        wait_for(lambda: log.read_text().count(" joined: ") == 3 and metric(server, "mainspring_devices") == 2, 120)
+        sent_before = len(answers)
+        wait_for(lambda: len(answers) > sent_before + 20, 60)
+        stop.set()
+        for thread in clients:
+            thread.join()
+        assert len(actor_pids()) == 2
+        assert all(status == 200 for _, status in answers), [a for a in answers if a[1] != 200][:5]
+        for model in ("resnet18", "bert_tiny"):  # one answer each, all served, none run twice
+            _, stats = http_call(f"http://{server.http}/v2/models/{model}/stats")
+            sent = sum(1 for m, _ in answers if m == model)
+            assert json.loads(stats)["model_stats"][0]["inference_count"] == sent, model
+    finally:
+        stop.set()
+        assert server.stop() == 0, (tmp_path / "server.log").read_text()
+    wait_for(lambda: not actor_pids(), 30)  # the server took its workers with it

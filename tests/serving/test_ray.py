@@ -1,6 +1,6 @@
-"""``serve --ray``: workers placed as Ray actors on a local two-node cluster (a head and a second node,
-each with one CPU), models served from both, and a killed worker actor replaced under load with
-every request answered exactly once."""
+"""``serve --ray``: workers placed as Ray actors on a local cluster (a head and a second node, each with
+one CPU), models served from both, a third node joining and getting a worker, and a killed worker
+actor replaced under load with every request answered exactly once."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ from tests.serving.test_worker_loss import body, wait_for
 pytest.importorskip("ray")
 
 RAY = str(Path(sys.executable).parent / "ray")
+NODE = ["--num-cpus", "1", "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats"]
+
+
+def add_node(address: str, env: dict[str, str]) -> None:
+    subprocess.run([RAY, "start", "--address", address, *NODE], env=env, check=True, capture_output=True, timeout=120)
 
 
 @pytest.fixture
@@ -33,12 +38,10 @@ def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
     port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
            "RAY_AUTH_TOKEN": secrets.token_hex(16)}  # fmt: skip
-    common = ["--num-cpus", "1", "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats"]
-    subprocess.run([RAY, "start", "--head", "--port", str(port), "--include-dashboard", "false", *common],
+    subprocess.run([RAY, "start", "--head", "--port", str(port), "--include-dashboard", "false", *NODE],
                    env=env, check=True, capture_output=True, timeout=120)  # fmt: skip
     try:
-        subprocess.run([RAY, "start", "--address", f"127.0.0.1:{port}", *common],
-                       env=env, check=True, capture_output=True, timeout=120)  # fmt: skip
+        add_node(f"127.0.0.1:{port}", env)
         yield f"127.0.0.1:{port}", env
     finally:
         subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
@@ -85,16 +88,20 @@ def test_workers_on_a_ray_cluster_are_placed_and_replaced(
         served_on = {a["device"] for a in json.loads(timeline)["actions"] if a["kind"] == "infer"}
         assert len(served_on) == 2, served_on  # both nodes' workers ran batches
 
+        add_node(address, env)  # the cluster grows: the new node gets a worker
+        wait_for(lambda: metric(server, "mainspring_devices") == 3, 120)
+        assert len(actor_pids()) == 3
+
         os.kill(actor_pids()[0], signal.SIGKILL)  # under load
         log = tmp_path / "server.log"
         wait_for(lambda: "placing it again" in log.read_text(), 60)
-        wait_for(lambda: log.read_text().count(" joined: ") == 3 and metric(server, "mainspring_devices") == 2, 120)
+        wait_for(lambda: log.read_text().count(" joined: ") == 4 and metric(server, "mainspring_devices") == 3, 120)
         sent_before = len(answers)
         wait_for(lambda: len(answers) > sent_before + 20, 60)
         stop.set()
         for thread in clients:
             thread.join()
-        assert len(actor_pids()) == 2
+        assert len(actor_pids()) == 3
         assert all(status == 200 for _, status in answers), [a for a in answers if a[1] != 200][:5]
         for model in ("resnet18", "bert_tiny"):  # one answer each, all served, none run twice
             _, stats = http_call(f"http://{server.http}/v2/models/{model}/stats")

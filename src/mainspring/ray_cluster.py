@@ -72,7 +72,10 @@ class RayPlacer:
         self._actor_class: Any = None
 
     def start(self) -> None:
-        ray: Any = importlib.import_module("ray")  # optional: only ``serve --ray`` needs it
+        try:
+            ray: Any = importlib.import_module("ray")  # optional: only ``serve --ray`` needs it
+        except ImportError:
+            raise RuntimeError("serve --ray needs the ray package: pip install 'mainspring[ray]'") from None
         self._ray = ray
         ray.init(address=self.address, namespace="mainspring", logging_level=logging.WARNING, log_to_driver=False)
         self._actor_class = ray.remote(max_restarts=0, max_concurrency=2)(WorkerActor)

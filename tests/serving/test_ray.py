@@ -18,11 +18,18 @@ from pathlib import Path
 import pytest
 
 from mainspring.models.repository import ModelRepository
+from mainspring.ray_cluster import RayPlacer, RayWorkers
 from tests.serving.processes import ServerProcess, free_port, http_call
 from tests.serving.test_supervision import metric
 from tests.serving.test_worker_loss import body, wait_for
 
-pytest.importorskip("ray")
+
+def test_without_ray_installed_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    placer = RayPlacer("auto", RayWorkers("tcp://127.0.0.1:1", "/nowhere"))
+    with pytest.raises(RuntimeError, match=r"pip install 'mainspring\[ray\]'"):
+        placer.start()
+
 
 RAY = str(Path(sys.executable).parent / "ray")
 NODE = ["--num-cpus", "1", "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats"]
@@ -35,6 +42,7 @@ def add_node(address: str, env: dict[str, str]) -> None:
 @pytest.fixture
 def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
     """A head and a second node on loopback; the address and the environment that reaches them."""
+    pytest.importorskip("ray")
     port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
            "RAY_AUTH_TOKEN": secrets.token_hex(16)}  # fmt: skip

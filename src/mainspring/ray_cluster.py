@@ -45,7 +45,7 @@ class _Placed:
     actor: Any = None
     running: Any = None  # ObjectRef of WorkerActor.run
     retry_at: float = 0.0
-    restarts: list[float] = field(default_factory=list)
+    restarts: list[float] = field(default_factory=list)  # when it was lost, the last minute's
 
 
 @dataclass(frozen=True)
@@ -123,17 +123,18 @@ class RayPlacer:
                     continue  # running
                 self._lost(key, placed, now)
             if now >= placed.retry_at:
-                self._place(key, placed, now)
+                self._place(key, placed)
 
     def _lost(self, key: tuple[str, str], placed: _Placed, now: float) -> None:
         placed.restarts = [t for t in placed.restarts if now - t < 60.0]
         first, longest = RESTART_BACKOFF_S
         delay = min(longest, first * 2 ** len(placed.restarts))
+        placed.restarts.append(now)
         placed.retry_at = now + delay
         placed.actor = placed.running = None
         log.warning("worker for %s on node %s is gone; placing it again in %.1f s", key[1], key[0][:8], delay)
 
-    def _place(self, key: tuple[str, str], placed: _Placed, now: float) -> None:
+    def _place(self, key: tuple[str, str], placed: _Placed) -> None:
         affinity = importlib.import_module("ray.util.scheduling_strategies").NodeAffinitySchedulingStrategy
         node, device = key
         gpu = device.startswith("cuda")
@@ -147,5 +148,4 @@ class RayPlacer:
         options.update({"num_gpus": 1, "num_cpus": 0} if gpu else {"num_cpus": 1})
         placed.actor = self._actor_class.options(**options).remote()
         placed.running = placed.actor.run.remote(arguments, environment)
-        placed.restarts.append(now)
         log.info("placed a worker for %s on Ray node %s", device, node[:8])

@@ -39,7 +39,7 @@ from mainspring.frontend.http import make_app
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.remote import TOKEN_ENV, FrontendSpec
 from mainspring.models.repository import ModelRepository
-from mainspring.ray_cluster import RayPlacer
+from mainspring.ray_cluster import RayPlacer, RayWorkers
 from mainspring.scheduler.registry import DEFAULT_POLICY, policy_names
 from mainspring.transport.security import SECRET_ENV
 from mainspring.transport.zmq_hub import WorkerHub
@@ -338,8 +338,6 @@ class Server:
         """Workers as Ray actors, one per device of each node; serving starts with the first to join."""
         assert self.repo is not None
         config = self.config
-        from mainspring.ray_cluster import RayPlacer, RayWorkers
-
         host = config.host if config.host not in ("0.0.0.0", "::", "") else await asyncio.to_thread(_node_ip)
         workers = RayWorkers(f"tcp://{host}:{config.worker_port}", str(self.repo.root), config.pool_mib,
                              config.worker_secret)  # fmt: skip

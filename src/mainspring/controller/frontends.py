@@ -37,8 +37,6 @@ from mainspring.transport.messages import CodecError, encode, metas_of
 
 log = logging.getLogger(__name__)
 
-STATE_CHECK_S = 0.1  # besides the service's word on every change: a net under it
-
 
 class FrontendHub:
     """Serves frontend processes on ``endpoint`` for ``service``."""
@@ -50,7 +48,6 @@ class FrontendHub:
         self._frontends: dict[bytes, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._receiver: asyncio.Task[None] | None = None
-        self._pusher: asyncio.Task[None] | None = None
         self._sent: object = None
 
     @property
@@ -65,12 +62,11 @@ class FrontendHub:
         self._socket = socket
         self.service.state_listeners.append(self._broadcast_if_changed)
         self._receiver = asyncio.create_task(self._receive())
-        self._pusher = asyncio.create_task(self._push_state())
 
     async def close(self) -> None:
         if self._broadcast_if_changed in self.service.state_listeners:
             self.service.state_listeners.remove(self._broadcast_if_changed)
-        for task in (self._receiver, self._pusher, *self._tasks):
+        for task in (self._receiver, *self._tasks):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -89,12 +85,8 @@ class FrontendHub:
         versions = tuple(sorted((name, m.version) for name, m in service.models.items()))
         return versions, service.device_count, service.accepting, tuple(sorted(service.load_errors.items()))
 
-    async def _push_state(self) -> None:
-        while True:
-            await asyncio.sleep(STATE_CHECK_S)
-            await self._broadcast_if_changed()
-
     async def _broadcast_if_changed(self) -> None:
+        """The service's listener: every frontend gets the state when it changed since last sent."""
         signature = self._signature()
         if signature != self._sent and self._frontends:
             self._sent = signature

@@ -231,6 +231,7 @@ class ControllerService:
             self._devices_of.setdefault(key, []).append(global_id)
             self._membership.add_device(msgspec.structs.replace(spec, device=global_id))
         self._update_gauges()
+        self._announce_soon()
         held = sum(len(spec.resident) for spec in devices)
         log.info("worker %s joined: %d device(s) already holding %d model(s); models %s",
                  handle.name, len(devices), held, sorted(self.models))  # fmt: skip
@@ -292,6 +293,7 @@ class ControllerService:
             op.waiting.discard(key)
             self._maybe_finish(op)
         self._update_gauges()
+        self._announce_soon()
         log.warning("worker %s lost; %d device(s) left", handle.name, len(self._links))
 
     def on_model_reply(self, handle: WorkerHandle, reply: ModelReply) -> None:
@@ -306,17 +308,19 @@ class ControllerService:
             op.done.set_result(op.replies)
 
     def _update_gauges(self) -> None:
-        """After every change of workers, devices or models: the gauges, and whoever listens."""
         self.metrics.workers.set(len(self._handles))
         self.metrics.devices.set(len(self._links))
         self.metrics.models.set(len(self.models))
+
+    def _announce_soon(self) -> None:
+        """Tell the listeners of a change made where nothing can wait for them (a worker joining or lost)."""
         for listener in self.state_listeners:
             task = self.loop.create_task(listener())
             self._announcements.add(task)
             task.add_done_callback(self._announcements.discard)
 
     async def _announce(self) -> None:
-        """Tell the listeners now, so that they know before the caller of a load or unload hears it is done."""
+        """Tell the listeners now: they know before the caller of a load, unload or drain hears it is done."""
         for listener in self.state_listeners:
             await listener()
 
@@ -396,7 +400,7 @@ class ControllerService:
     async def drain(self, timeout_s: float) -> int:
         """Stop accepting; wait up to ``timeout_s`` for outstanding requests, then answer the rest with an error."""
         self.accepting = False
-        self._update_gauges()
+        await self._announce()
         for task in (self._watchdog, self._lag_monitor):
             if task is not None:
                 task.cancel()

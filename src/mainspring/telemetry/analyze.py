@@ -124,12 +124,10 @@ def speed_over_time(
     infers = [a for a in actions.values() if a["kind"] == "infer" and a["status"] == "ok"]
     if not requests or not infers:
         return []
-    usual: dict[tuple[str, str], float] = {}
     by_shape: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
     for action in infers:
         by_shape[action["model"], action["batch_size"]].append(int(action["end_ns"]) - int(action["begin_ns"]))
-    for shape, durations in by_shape.items():
-        usual[shape] = max(1.0, statistics.median(durations))
+    usual = {shape: max(1.0, statistics.median(durations)) for shape, durations in by_shape.items()}
     start = min(int(r["arrival_ns"]) for r in requests)
     end = max(int(r["arrival_ns"]) for r in requests) + 1
     width = max(1, -(-(end - start) // count))
@@ -145,8 +143,7 @@ def speed_over_time(
     for request in requests:
         slot = (int(request["arrival_ns"]) - start) // width
         arrived[slot] += 1
-        good = request["status"] == SUCCESS and int(request["answered_ns"]) <= int(request["deadline_ns"])
-        missed[slot] += not good
+        missed[slot] += not met_slo(request)
     medians = [statistics.median(r) if r else 0.0 for r in ratios]
     fastest = min((m for m in medians if m), default=1.0)  # the worker at its best stretch is 1.0
     lanes = width * len({a["device"] for a in infers})
@@ -156,15 +153,20 @@ def speed_over_time(
     ]
 
 
+def met_slo(request: dict[str, str]) -> bool:
+    """Answered successfully by its deadline."""
+    return request["status"] == SUCCESS and int(request["answered_ns"]) <= int(request["deadline_ns"])
+
+
 def cause_of(
     request: dict[str, str], actions: dict[int, dict[str, str]], loads: dict[str, list[tuple[int, int]]]
 ) -> str | None:
     """Why ``request`` missed its SLO; None if it did not."""
+    if met_slo(request):
+        return None
     arrival, deadline, answered = (int(request[k]) for k in ("arrival_ns", "deadline_ns", "answered_ns"))
     outcome = request.get("outcome") or request["status"]
     if request["status"] == SUCCESS:
-        if answered <= deadline:
-            return None
         if request["cold"] == "1":
             return "served late: waited for its model to load"
         action = actions.get(int(request["action_id"]))

@@ -56,7 +56,7 @@ class ScanningDue:
 
 class UncachedShapes(BatchShapes):
     def estimates(self, model: str, kind: str) -> tuple[tuple[tuple[int, int], ...], int]:
-        table = tuple((size, self.estimator.exec_ns(model, size, kind)) for size in self.sizes(model))
+        table = self.table(model, kind)
         return table, min(ns for _, ns in table)
 
 

@@ -29,7 +29,7 @@ class ClockworkConfig:
     could not follow, pass over it for the largest batch that fits (INFER4's skip).
     ``lookahead_within_share``: the lookahead only spares models within their share.
     ``share_full_batch``: a model over its share may still queue one full batch.
-    ``start_early``: infers may start as soon as the lane is free (earliest = now).
+    ``start_early``: infers may start as soon as the lane is free (earliest = now), as INFER4's do.
     ``efficient_when_contended``: when the waiting models' batches cannot all meet their deadlines
     in deadline order, run the one that serves the most requests per unit of lane time (a model
     within its share keeps deadline order against models over theirs).
@@ -39,6 +39,9 @@ class ClockworkConfig:
     been measured for this long, gets one request run at once (a probe); the probe's measurement
     replaces the estimate that refused it (None: never; then only ``estimate_max_age_s`` lifts
     such a lockout).
+    ``monotone_estimates``: plan a batch size at no more than the estimate of any larger size (a
+    batch runs no slower than a larger one), so a spike in one size's window neither pads batches
+    past it nor stops that size from being run and measured again.
     ``estimate_max_age_s``: measurements older than this stop counting (None: never), so one
     stall cannot lock a model out for good; models measured less often fall back to the profile."""
 
@@ -62,10 +65,11 @@ class ClockworkConfig:
     whole_batches: bool = True
     lookahead_within_share: bool = True
     share_full_batch: bool = True
-    start_early: bool = False
+    start_early: bool = True
     efficient_when_contended: bool = True
     spill_after: float | None = 0.5
     probe_after_ms: float | None = 1000.0
+    monotone_estimates: bool = True
 
     def __post_init__(self) -> None:
         problems = []

@@ -178,7 +178,7 @@ class LoadPlanner:
             return 0.0
         batch = self._shapes.padded(model, min(queue.count, self._shapes.sizes(model)[-1]))
         kind = self._residency.kinds[0]
-        per_request = self._shapes.estimator.exec_ns(model, batch, kind) / batch
+        per_request = self._shapes.exec_ns(model, batch, kind) / batch
         slack = max((head.deadline_ns + queue.max_deadline_ns) / 2 - now_ns, per_request)
         return queue.count * per_request / slack
 

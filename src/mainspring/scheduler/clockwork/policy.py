@@ -91,7 +91,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         max_age = None if config.estimate_max_age_s is None else ms_to_ns(config.estimate_max_age_s * 1000)
         window, percentile = config.estimate_window, config.estimate_percentile
         self.estimator = Estimator(self.profiles, window, percentile, max_age_ns=max_age)
-        self.shapes = BatchShapes(self.profiles, self.estimator, config.max_batch_size)
+        self.shapes = BatchShapes(self.profiles, self.estimator, config.max_batch_size, config.monotone_estimates)
         self.residency = Residency(list(devices), ms_to_ns(config.rate_memory_ms))
         self.queues = RequestQueues()
         self.admission = Admission(config, self.residency, self.queues, self.shapes, self._idle_victims)
@@ -101,7 +101,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         self._margin_ns = config.deadline_margin_ns
         self._in_flight: dict[int, _Flight] = {}
         self._stranded: set[str] = set()  # models whose oldest request waited past ``spill_after``
-        self._measured_ns: dict[str, int] = {}  # per model: its last exec measurement or probe
+        self._measured_ns: dict[str, int] = {}  # per model: its smallest batch's last measurement or probe
         self._probes: list[Infer] = []  # issued by ``on_request``, handed out by the next ``schedule``
 
     # --- the contract ------------------------------------------------------------
@@ -310,23 +310,40 @@ class ClockworkScheduler(PolicyBookkeeping):
         deadlines = sorted(r.deadline_ns for r in queue.requests())
         count, n = len(deadlines), choice.n_requests
         kind, margin = device.kind, self._margin_ns
-        after = start_ns + self.estimator.exec_ns(model, choice.batch_size, kind)
+        after = start_ns + self.shapes.exec_ns(model, choice.batch_size, kind)
         rest = self.shapes.padded(model, min(count - n, largest))
-        if after + self.estimator.exec_ns(model, rest, kind) + margin <= deadlines[n]:
+        if after + self.shapes.exec_ns(model, rest, kind) + margin <= deadlines[n]:
             return choice  # the rest can follow: nothing is lost by serving the head first
-        for other in self.residency.holding(model):
-            free = max(start_ns, other.exec_lane.free_ns, other.ready_ns[model])
-            if other is not device and free + self.shapes.fastest_ns(model, other.kind) + margin <= deadlines[n]:
-                return choice  # another holder can take the rest
+        if self._holders_take_rest(device, model, start_ns, count - n, deadlines[n]):
+            return choice
         for skip in range(1, count):
             size = self.shapes.padded(model, min(count - skip, largest))
-            exec_ns = self.estimator.exec_ns(model, size, kind)
+            exec_ns = self.shapes.exec_ns(model, size, kind)
             if start_ns + exec_ns + margin <= deadlines[skip]:
                 n_requests = min(count - skip, size)
                 return _Choice(
                     deadlines[skip] - start_ns - exec_ns, model, start_ns, n_requests, size, deadlines[skip], skip
                 )
         return choice
+
+    def _holders_take_rest(self, device: DeviceState, model: str, start_ns: int, rest: int, finish_by_ns: int) -> bool:
+        """Whether the model's other holders, one batch each, can serve ``rest`` requests by ``finish_by_ns``.
+        Room for one request is not enough: with many holders each would serve only its head, and
+        a hot model's backlog would run in batches of one or two on every holder, the lanes full
+        and the queue expiring (the Azure sample's x30 burst: 500-800 misses on 4 of 7 seeds)."""
+        margin = self._margin_ns
+        room = 0
+        for other in self.residency.holding(model):
+            if other is device:
+                continue
+            free = max(start_ns, other.exec_lane.free_ns, other.ready_ns[model])
+            for size, exec_ns in reversed(self.shapes.estimates(model, other.kind)[0]):
+                if free + exec_ns + margin <= finish_by_ns:
+                    room += size
+                    break
+            if room >= rest:
+                return True
+        return False
 
     def _batch_within(self, device: DeviceState, model: str, start_ns: int, finish_by_ns: int) -> _Choice | None:
         """The largest batch of ``model`` starting at ``start_ns`` that ends (with the margin) by ``finish_by_ns``."""
@@ -375,7 +392,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         so when the candidates, one batch each in deadline order, cannot all meet their deadlines,
         run the one that serves the most requests per unit of lane time (``docs/scheduler.md``)."""
         kind = device.kind
-        duration = {c.model: self.estimator.exec_ns(c.model, c.batch_size, kind) for c in choices}
+        duration = {c.model: self.shapes.exec_ns(c.model, c.batch_size, kind) for c in choices}
         finish = chosen.start_ns
         for choice in sorted(choices):
             finish += duration[choice.model]
@@ -387,7 +404,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         """The batch's throughput as a share of its model's best (full batches of the largest size):
         a slow model's full batch is as good a use of the lane as a fast model's."""
         largest = self.shapes.sizes(choice.model)[-1]
-        best_per_request = self.estimator.exec_ns(choice.model, largest, kind) / largest
+        best_per_request = self.shapes.exec_ns(choice.model, largest, kind) / largest
         return choice.n_requests * best_per_request / max(1, duration_ns)
 
     def _spare_the_next(self, device: DeviceState, chosen: _Choice, choices: list[_Choice], now_ns: int) -> _Choice:
@@ -395,7 +412,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         end too late for the next most urgent model, run that model first when the chosen
         one can afford the wait, else shrink the chosen batch so both make it."""
         kind = device.kind
-        chosen_ns = self.estimator.exec_ns(chosen.model, chosen.batch_size, kind)
+        chosen_ns = self.shapes.exec_ns(chosen.model, chosen.batch_size, kind)
         others = [c for c in choices if c.model != chosen.model]
         urgent = min(others, key=lambda c: c.deadline_ns - self.shapes.fastest_ns(c.model, kind))
         urgent_latest_start = urgent.deadline_ns - self._margin_ns - self.shapes.fastest_ns(urgent.model, kind)
@@ -443,7 +460,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         batch = [queue.pop() for _ in range(choice.n_requests)]
         for request in passed_over:
             queue.push(request)
-        expected = self.estimator.exec_ns(model, choice.batch_size, device.kind)
+        expected = self.shapes.exec_ns(model, choice.batch_size, device.kind)
         latest = min(min(r.deadline_ns for r in batch) - self._margin_ns - expected, start + self._slack_ns)
         earliest = now_ns if self.config.start_early else start
         action = self._dispatch_infer(device, batch, choice.batch_size, (earliest, start, latest), expected, now_ns)
@@ -503,7 +520,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             return False  # measured, and near the profile: the model is that slow (probes would only answer late)
         self._measured_ns[model] = now_ns
         size = self.shapes.sizes(model)[0]
-        expected = self.estimator.exec_ns(model, size, device.kind)
+        expected = self.shapes.exec_ns(model, size, device.kind)
         window = (now_ns, now_ns, now_ns + self._slack_ns)
         self._probes.append(self._dispatch_infer(device, [request], size, window, expected, now_ns, probe=True))
         return True
@@ -524,7 +541,8 @@ class ClockworkScheduler(PolicyBookkeeping):
                 timing = result.timing
                 observe = self.estimator.restart_exec if probe else self.estimator.observe_exec
                 observe(action.model, action.batch_size, device.kind, timing.duration_ns, timing.end_ns)
-                self._measured_ns[action.model] = max(self._measured_ns.get(action.model, 0), timing.end_ns)
+                if action.batch_size == self.shapes.sizes(action.model)[0]:  # the size a probe would run
+                    self._measured_ns[action.model] = max(self._measured_ns.get(action.model, 0), timing.end_ns)
             device.served.add(len(batch), result.timing.end_ns)
             self._answer_served(batch, result, action.action_id)
             return

@@ -12,10 +12,13 @@ from mainspring.scheduler.clockwork.tracker import NEVER
 class BatchShapes:
     """Supported batch sizes (capped at ``max_batch_size``), padding, and queued work in estimates."""
 
-    def __init__(self, profiles: Mapping[str, ModelProfile], estimator: Estimator, max_batch_size: int) -> None:
+    def __init__(
+        self, profiles: Mapping[str, ModelProfile], estimator: Estimator, max_batch_size: int, monotone: bool = True
+    ) -> None:
         self._profiles = profiles
         self.estimator = estimator
         self._cap = max_batch_size
+        self._monotone = monotone
         self._sizes: dict[str, tuple[int, ...]] = {}
         # (model, kind) -> its sizes with their estimates, the least estimate, and the estimator's
         # change counters they were derived at (see ``estimates``)
@@ -46,7 +49,7 @@ class BatchShapes:
         that estimate. Estimates are p99s of short windows: one spike can make a batch of 8 look
         slower than one of 16, and then padding further is the faster (and the feasible) choice."""
         found = cheapest_in(self.estimates(model, kind)[0], count, up_to)
-        return found if found is not None else (up_to, self.estimator.exec_ns(model, up_to, kind))
+        return found if found is not None else (up_to, self.exec_ns(model, up_to, kind))
 
     def fastest_ns(self, model: str, kind: str) -> int:
         """The least any request of ``model`` needs on ``kind``: the least estimate of any size, as
@@ -65,10 +68,30 @@ class BatchShapes:
         cached = self._estimates.get(key)
         if cached is not None and cached[2] == changes and cached[3] == ratio_changes:
             return cached[0], cached[1]
-        table = tuple((size, estimator.exec_ns(model, size, kind)) for size in self.sizes(model))
+        table = self.table(model, kind)
         fastest = min(exec_ns for _, exec_ns in table)
         self._estimates[key] = (table, fastest, changes, ratio_changes)
         return table, fastest
+
+    def table(self, model: str, kind: str) -> tuple[tuple[int, int], ...]:
+        """The (size, estimate) table, computed afresh. With ``monotone`` a size's estimate is at most
+        any larger size's: a batch runs no slower than a larger one (padding it would make it that
+        one), so one spike in a small size's window neither stops that size from running (and being
+        measured again) nor makes a larger padded batch look the faster choice."""
+        estimator = self.estimator
+        table = [(size, estimator.exec_ns(model, size, kind)) for size in self.sizes(model)]
+        if self._monotone:
+            for i in range(len(table) - 2, -1, -1):
+                if table[i + 1][1] < table[i][1]:
+                    table[i] = (table[i][0], table[i + 1][1])
+        return tuple(table)
+
+    def exec_ns(self, model: str, size: int, kind: str) -> int:
+        """The planner's estimate of one batch of ``size`` (one of the model's sizes; see ``table``)."""
+        for table_size, exec_ns in self.estimates(model, kind)[0]:
+            if table_size == size:
+                return exec_ns
+        return self.estimator.exec_ns(model, size, kind)
 
     def work_ns(self, model: str, count: int, kind: str) -> int:
         """Exec time of ``count`` requests: full batches of the largest size, then the cheapest size for the rest."""
@@ -76,7 +99,7 @@ class BatchShapes:
             return 0
         largest = self.sizes(model)[-1]
         full, rest = divmod(count, largest)
-        work = full * self.estimator.exec_ns(model, largest, kind)
+        work = full * self.exec_ns(model, largest, kind)
         return work + (self.cheapest(model, rest, largest, kind)[1] if rest else 0)
 
 
@@ -92,4 +115,4 @@ def cheapest_in(table: tuple[tuple[int, int], ...], count: int, up_to: int) -> t
             best_size, best_ns = size, exec_ns
     if up_to_ns < 0:
         return None
-    return (best_size, best_ns) if best_ns < up_to_ns else (up_to, up_to_ns)
+    return (best_size, best_ns) if best_ns <= up_to_ns else (up_to, up_to_ns)

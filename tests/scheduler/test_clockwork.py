@@ -421,3 +421,30 @@ def test_a_request_stranded_behind_other_models_spills_to_an_idle_device() -> No
                 policy.on_result(ok(action.action_id, 1, t, t + 5 * MS), t + 5 * MS)
     assert [(m, d) for m, d, _ in loads] == [("slow", 1), ("a", 1)]
     assert all(at > 50 * MS for _, _, at in loads)  # not before half the SLO
+
+
+def backlog_on_three_holders(behind: int) -> list[Infer]:
+    """Model "a" on three idle devices; one request that only a batch of 1 can still serve (2.5 ms
+    left), then ``behind`` requests due in 10 ms (a batch of 8 takes 9 ms, of 4 takes 5 ms)."""
+    policy = ClockworkScheduler(PROFILES, [], ClockworkConfig())
+    for device in range(3):
+        policy.add_device(DeviceSpec(device, "v100", 100 * PAGE, PAGE, resident=("a",)))
+    now = 100 * MS
+    policy.on_request(request(0, "a", now, slo_ms=2.5), now)
+    for i in range(1, behind + 1):
+        policy.on_request(request(i, "a", now, slo_ms=10), now)
+    return infers(policy.schedule(now))
+
+
+def test_a_backlog_the_holders_cannot_all_take_runs_in_full_batches() -> None:
+    # 24 behind the head: after its batch of 1 the holders have room for 4 + 8 + 8 by their deadline.
+    # Serving the head would leave that backlog short; three full batches serve 24 of the 25.
+    planned = backlog_on_three_holders(24)
+    assert sorted(len(i.request_ids) for i in planned) == [8, 8, 8]  # serving the head first: 1 + 4 + 8 + 8
+    assert 0 not in {r for i in planned for r in i.request_ids}
+
+
+def test_a_backlog_the_holders_can_take_lets_the_head_go_first() -> None:
+    planned = backlog_on_three_holders(12)  # room for 4 + 8 + 8 after the head: all 13 served
+    assert planned[0].request_ids == (0,) and planned[0].batch_size == 1
+    assert sum(len(i.request_ids) for i in planned) == 13

@@ -314,8 +314,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         rest = self.shapes.padded(model, min(count - n, largest))
         if after + self.shapes.exec_ns(model, rest, kind) + margin <= deadlines[n]:
             return choice  # the rest can follow: nothing is lost by serving the head first
-        if self._holders_take_rest(device, model, start_ns, count - n, deadlines[n]):
-            return choice
+        if self._holders_take_rest(device, model, start_ns, after, count - n, deadlines[n]):
+            return choice  # this device after the chosen batch and the other holders can take the rest
         for skip in range(1, count):
             size = self.shapes.padded(model, min(count - skip, largest))
             exec_ns = self.shapes.exec_ns(model, size, kind)
@@ -326,17 +326,18 @@ class ClockworkScheduler(PolicyBookkeeping):
                 )
         return choice
 
-    def _holders_take_rest(self, device: DeviceState, model: str, start_ns: int, rest: int, finish_by_ns: int) -> bool:
-        """Whether the model's other holders, one batch each, can serve ``rest`` requests by ``finish_by_ns``.
+    def _holders_take_rest(
+        self, device: DeviceState, model: str, start_ns: int, after_ns: int, rest: int, finish_by_ns: int
+    ) -> bool:
+        """Whether the model's holders, one batch each (``device`` from ``after_ns``), can serve ``rest``
+        requests by ``finish_by_ns``.
         Room for one request is not enough: with many holders each would serve only its head, and
         a hot model's backlog would run in batches of one or two on every holder, the lanes full
         and the queue expiring (the Azure sample's x30 burst: 500-800 misses on 4 of 7 seeds)."""
         margin = self._margin_ns
         room = 0
         for other in self.residency.holding(model):
-            if other is device:
-                continue
-            free = max(start_ns, other.exec_lane.free_ns, other.ready_ns[model])
+            free = after_ns if other is device else max(start_ns, other.exec_lane.free_ns, other.ready_ns[model])
             for size, exec_ns in reversed(self.shapes.estimates(model, other.kind)[0]):
                 if free + exec_ns + margin <= finish_by_ns:
                     room += size

@@ -54,7 +54,8 @@ def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from mainspring.serve import load_config, run_server
+    from mainspring.serve import run_server
+    from mainspring.serve_config import load_config
 
     flags: dict[str, Any] = {
         key: getattr(args, key)

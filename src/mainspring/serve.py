@@ -22,9 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections import deque
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ import msgspec
 from aiohttp import web
 
 from mainspring.controller.frontends import FrontendHub
-from mainspring.controller.service import DEFAULT_DEADLINE_MARGIN_MS, ControllerService
+from mainspring.controller.service import ControllerService
 from mainspring.frontend.access import Access
 from mainspring.frontend.dataplane import DataPlane
 from mainspring.frontend.http import make_app
@@ -40,178 +39,11 @@ from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.remote import TOKEN_ENV, FrontendSpec
 from mainspring.models.repository import ModelRepository
 from mainspring.ray_cluster import RayPlacer, RayWorkers
-from mainspring.scheduler.registry import DEFAULT_POLICY, policy_names
+from mainspring.serve_config import LOOPBACK, ServeConfig, ensure_repository
 from mainspring.transport.security import SECRET_ENV
 from mainspring.transport.zmq_hub import WorkerHub
 
 log = logging.getLogger("mainspring.serve")
-
-ENV_PREFIX = "MAINSPRING_"
-DEFAULT_ZOO = ("resnet18", "mobilenetv2", "bert_tiny", "mlp")
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """Every setting of ``mainspring serve``; from defaults, a TOML file, ``MAINSPRING_*`` variables, then flags."""
-
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    worker_port: int = 8002
-    workers: str = "local"  # or "tcp": wait for external workers
-    frontends: int = 0  # HTTP + gRPC frontend processes sharing the ports; 0: one per two cores, at most 4
-    ray: str = ""  # a Ray cluster's address ("auto": the local one): one worker per device of each node, as actors
-    repo: str = ""  # default: ~/.mainspring/zoo, created with the built-in zoo on first start
-    policy: str = DEFAULT_POLICY
-    slo_ms: float = 100.0
-    deadline_margin_ms: float = DEFAULT_DEADLINE_MARGIN_MS  # time kept for the answer's trip back
-    devices: str = ""  # comma-separated; default every CUDA GPU, else "cpu"
-    pool_mib: int = 0  # per device; 0 = the runtime's default
-    pin_cpu_workers: bool = False  # pin each local CPU worker's exec thread to its own core (the last ones)
-    heartbeat_s: float = 0.1
-    worker_timeout_s: float = 2.0
-    drain_s: float = 5.0
-    join_timeout_s: float = 180.0
-    max_restarts_per_minute: int = 5  # per local worker
-    max_outstanding: int = 100_000  # unanswered requests; past it 429 (bounds memory under a flood)
-    log_dir: str = ""  # write request and action logs (TSV) here, for `mainspring analyze`
-    max_outstanding_mib: int = 512  # their input tensors (the server holds about 3x this); past it 429
-    # The controller's event loop this far behind: new requests 429 (its CPU is spent); 0: half of slo_ms.
-    max_loop_lag_ms: float = 0.0
-    # "uvloop": more requests/s through one controller, but its millisecond timers cost attainment
-    # (docs/benchmarks.md); needs `pip install uvloop`.
-    event_loop: str = "asyncio"
-    # Security: set the secrets in the config file or the environment, never as flags (``ps`` shows flags).
-    auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)
-    auth_inference: bool = False  # require the token for inference, metadata, statistics and metrics too
-    worker_secret: str = field(default="", repr=False)  # workers must hold it to join (ZeroMQ CURVE)
-    # What one request may be (``frontend/limits.py``).
-    max_body_bytes: int = RequestLimits.max_body_bytes
-    max_header_bytes: int = RequestLimits.max_header_bytes
-    max_inputs: int = RequestLimits.max_inputs
-    max_elements: int = RequestLimits.max_elements
-    max_string_bytes: int = RequestLimits.max_string_bytes
-    max_json_depth: int = RequestLimits.max_json_depth
-
-    def __post_init__(self) -> None:
-        problems = []
-        for port in ("http_port", "grpc_port", "worker_port"):
-            if not 0 <= getattr(self, port) <= 65535:
-                problems.append(f"{port}={getattr(self, port)} is not a port")
-        if self.workers not in ("local", "tcp"):
-            problems.append(f"workers={self.workers!r} must be 'local' or 'tcp'")
-        if self.policy not in policy_names():
-            problems.append(f"policy={self.policy!r} is not one of {', '.join(policy_names())}")
-        if not 0 <= self.deadline_margin_ms < self.slo_ms:
-            problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must lie in [0, slo_ms)")
-        if self.event_loop not in ("asyncio", "uvloop"):
-            problems.append(f"event_loop={self.event_loop!r} must be 'asyncio' or 'uvloop'")
-        if self.max_loop_lag_ms < 0:
-            problems.append(f"max_loop_lag_ms={self.max_loop_lag_ms} must not be negative")
-        if self.ray and self.workers != "local":
-            problems.append("ray places the workers itself: leave workers at 'local'")
-        if self.frontends < 0:
-            problems.append(f"frontends={self.frontends} must not be negative (0: sized to the machine)")
-        if self.max_restarts_per_minute < 0:
-            problems.append(f"max_restarts_per_minute={self.max_restarts_per_minute} must not be negative")
-        if self.auth_inference and not self.auth_token:
-            problems.append("auth_inference needs auth_token to be set")
-        try:
-            self.limits()
-        except ValueError as error:
-            problems.append(str(error))
-        for positive in (
-            "slo_ms",
-            "heartbeat_s",
-            "worker_timeout_s",
-            "join_timeout_s",
-            "max_outstanding",
-            "max_outstanding_mib",
-        ):
-            if not getattr(self, positive) > 0:
-                problems.append(f"{positive}={getattr(self, positive)} must be positive")
-        if problems:
-            raise ValueError("bad serve configuration: " + "; ".join(problems))
-
-    def limits(self) -> RequestLimits:
-        return RequestLimits(**{f.name: getattr(self, f.name) for f in fields(RequestLimits)})
-
-    @property
-    def repo_path(self) -> Path:
-        return Path(self.repo).expanduser() if self.repo else Path.home() / ".mainspring" / "zoo"
-
-    @property
-    def frontend_count(self) -> int:
-        """Frontend processes in all, this one included."""
-        return self.frontends or max(1, min(4, (os.cpu_count() or 1) // 2))
-
-    def device_list(self) -> list[str]:
-        if self.devices:
-            return [d.strip() for d in self.devices.split(",") if d.strip()]
-        import torch
-
-        return [f"cuda:{i}" for i in range(torch.cuda.device_count())] or ["cpu"]
-
-
-def load_config(file: Path | None, environ: dict[str, str], flags: dict[str, Any]) -> ServeConfig:
-    """Merge the sources; each value is converted to the field's type, with an error naming the source."""
-    values: dict[str, Any] = {}
-    known = {f.name: f for f in fields(ServeConfig)}
-    if file is not None:
-        try:
-            document = tomllib.loads(file.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as error:
-            raise ValueError(f"cannot read config file {file}: {error}") from None
-        section = document.get("serve", document)
-        for key, value in section.items():
-            values[_field(key, known, f"config file {file}")] = value
-    for key, value in environ.items():
-        if key.startswith(ENV_PREFIX) and key != f"{ENV_PREFIX}HOME":
-            values[_field(key[len(ENV_PREFIX) :].lower(), known, f"environment variable {key}")] = value
-    values.update({k: v for k, v in flags.items() if v is not None})
-    converted: dict[str, Any] = {}
-    for key, value in values.items():
-        kind = type(getattr(ServeConfig(), key))
-        try:
-            converted[key] = _boolean(value) if kind is bool else kind(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"setting {key}={value!r} is not a {kind.__name__}") from None
-    return replace(ServeConfig(), **converted)
-
-
-def _boolean(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
-
-
-def _field(key: str, known: dict[str, Any], where: str) -> str:
-    name = key.replace("-", "_")
-    if name not in known:
-        raise ValueError(f"{where}: unknown setting {key!r}; known: {', '.join(known)}")
-    return name
-
-
-def ensure_repository(config: ServeConfig) -> ModelRepository:
-    """The configured repository; the built-in zoo is written there on first start."""
-    path = config.repo_path
-    if not path.exists() and not config.repo:
-        from mainspring.models.loading import export_zoo_model
-
-        log.info("first start: writing the built-in zoo into %s", path)
-        path.mkdir(parents=True)
-        repo = ModelRepository(path)
-        for name in DEFAULT_ZOO:
-            export_zoo_model(repo, name)
-        return repo
-    return ModelRepository(path)
-
 
 RESTART_BACKOFF_S = (0.5, 30.0)  # first delay, longest delay
 

@@ -12,6 +12,7 @@ from common import OUT, markdown_table, parser, side_by_side, write_section
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.scheduler.registry import parse_policies
 from mainspring.sim.run import SimulationConfig, SimulationResult
+from mainspring.telemetry.recorder import ActionRow
 from mainspring.time import s_to_ns
 from mainspring.workload import AzureTrace
 
@@ -19,13 +20,38 @@ QUANTILES = (50, 99, 99.9, 100)
 
 
 def errors_ms(result: SimulationResult, kind: str, completion: bool) -> np.ndarray:
-    """Duration error, or completion error against the planned end (``earliest`` is the planned start)."""
-    values = [
-        (a.end_ns - (a.earliest_ns + a.expected_ns)) if completion else (a.end_ns - a.begin_ns - a.expected_ns)
-        for a in result.recorder.actions
-        if a.status == "ok" and a.kind == kind
-    ]
+    """Duration error (actual minus expected), or completion error (actual end minus planned end)."""
+    rows = [a for a in result.recorder.actions if a.kind == kind]
+    if completion:
+        planned = planned_ends(rows)
+        values = [a.end_ns - planned[a.action_id] for a in rows if a.status == "ok"]
+    else:
+        values = [a.end_ns - a.begin_ns - a.expected_ns for a in rows if a.status == "ok"]
     return np.asarray(values, dtype=np.float64) / 1e6
+
+
+def planned_ends(rows: list[ActionRow]) -> dict[int, int]:
+    """The end the controller planned for each action when it sent it: from when its lane would be free
+    by what the controller knew then (the previous action's reported end once reported, else its
+    planned end), or its earliest start if later, plus the estimate. (The earliest start alone is
+    not the planned start: actions may start as soon as the lane frees, ``start_early``.)"""
+    planned: dict[int, int] = {}
+    by_device: dict[int, list[ActionRow]] = {}
+    for row in rows:
+        by_device.setdefault(row.device, []).append(row)
+    for lane in by_device.values():
+        lane.sort(key=lambda r: (r.sent_ns, r.action_id))
+        previous: ActionRow | None = None
+        for row in lane:
+            free = 0
+            if previous is not None:
+                if previous.received_ns > row.sent_ns:
+                    free = planned[previous.action_id]
+                else:  # reported: its end, or when it was refused
+                    free = previous.end_ns if previous.end_ns >= 0 else previous.received_ns
+            planned[row.action_id] = max(row.earliest_ns, free) + row.expected_ns
+            previous = row
+    return planned
 
 
 def main() -> None:

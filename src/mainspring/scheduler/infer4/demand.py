@@ -124,7 +124,7 @@ class LoadTracker:
                 self._model(demand.model).outstanding_load -= demand.load_size
                 demand.load_size = 0.0
                 touched.add(demand.model)
-        for model in touched:
+        for model in sorted(touched):  # sorted: the devices' outstanding sums add up in one order in every process
             self._distribute(model)
 
     def _distribute(self, name: str) -> None:

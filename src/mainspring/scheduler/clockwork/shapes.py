@@ -45,17 +45,17 @@ class BatchShapes:
         return sizes[-1]
 
     def cheapest(self, model: str, count: int, up_to: int, kind: str) -> tuple[int, int]:
-        """The size from the one that holds ``count`` up to ``up_to`` with the least estimate, and
-        that estimate. Estimates are p99s of short windows: one spike can make a batch of 8 look
-        slower than one of 16, and then padding further is the faster (and the feasible) choice."""
+        """The size from the one that holds ``count`` up to ``up_to`` with the least estimate (ties: the
+        smaller), and that estimate. With monotone estimates that is the size that holds ``count``;
+        without, one spike can make a batch of 8 look slower than one of 16, and padding picks 16."""
         found = cheapest_in(self.estimates(model, kind)[0], count, up_to)
         return found if found is not None else (up_to, self.exec_ns(model, up_to, kind))
 
     def fastest_ns(self, model: str, kind: str) -> int:
-        """The least any request of ``model`` needs on ``kind``: the least estimate of any size, as
-        padding picks (``cheapest``). Usually the smallest batch's; but one stall in its window (a live
-        CPU worker measured 104 ms for a 15 ms batch) would otherwise turn every lone request away
-        while the planner serves such requests padded to a size whose estimate is sane."""
+        """The least any request of ``model`` needs on ``kind``: the least estimate of any size (the
+        smallest size's, with monotone estimates). Not the smallest size's raw estimate: one stall in
+        its window (a live CPU worker measured 104 ms for a 15 ms batch) would turn every lone request
+        away while a larger size's sane estimate says it can be served."""
         return self.estimates(model, kind)[1]
 
     def estimates(self, model: str, kind: str) -> tuple[tuple[tuple[int, int], ...], int]:

@@ -1,12 +1,14 @@
 """Workers placed on a Ray cluster (``serve --ray [ADDRESS]``; ``pip install mainspring[ray]``).
 
-The controller asks Ray for one actor per device of every live node (each GPU, else one CPU
-device per node), pinned to its node, and each actor runs the ordinary ``mainspring worker`` as
-its child process, which connects back to the controller over ZeroMQ TCP like any remote worker:
-Ray places and restarts workers, and stays off the request path. A worker whose actor dies (the
-node went away, someone killed it) is placed again after a backoff; nodes that join the cluster
-get workers on the next look (every ``period_s``). Every node needs the model repository at the
-same path (shared storage, or the same files).
+The controller reserves each live node's devices (each GPU, else one CPU device per node) in a
+placement group pinned to that node, one bundle per device, and starts one actor in each bundle;
+the actor runs the ordinary ``mainspring worker`` as its child process, which connects back to the
+controller over ZeroMQ TCP like any remote worker: Ray places and restarts workers, and stays off
+the request path. The reservation outlives the actor, so a worker whose actor dies (someone killed
+it, it crashed) is placed again in its own bundle after a backoff, and other Ray work on the
+cluster cannot take its device in between. A node that leaves takes its reservation with it;
+nodes that join the cluster get one on the next look (every ``period_s``). Every node needs the
+model repository at the same path (shared storage, or the same files).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from mainspring.transport.security import SECRET_ENV
 
 log = logging.getLogger(__name__)
 
+NODE_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
 RESTART_BACKOFF_S = (0.5, 30.0)  # first delay, longest delay (doubling per restart in the last minute)
 
 
@@ -66,6 +69,7 @@ class RayPlacer:
         self.workers = workers
         self.period_s = period_s
         self.placed: dict[tuple[str, str], _Placed] = {}  # (node id, device) -> its worker
+        self.reserved: dict[str, tuple[Any, list[str]]] = {}  # node id -> (placement group, devices)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ray-placer", daemon=True)
         self._ray: Any = None
@@ -88,9 +92,8 @@ class RayPlacer:
         """Stop placing, end every placed worker (its actor), and leave the cluster."""
         self._stop.set()
         self._thread.join(10)
-        for placed in self.placed.values():
-            if placed.actor is not None:
-                self._ray.kill(placed.actor)
+        for node in list(self.reserved):
+            self._release(node)
         self._ray.shutdown()
 
     def _run(self) -> None:
@@ -101,29 +104,53 @@ class RayPlacer:
                 log.exception("placing workers on Ray failed; trying again")
             self._stop.wait(self.period_s)
 
-    def wanted(self) -> list[tuple[str, str]]:
-        """(node id, device) for every device of every live node: each GPU, else one CPU device."""
-        devices = []
+    def wanted(self) -> dict[str, list[str]]:
+        """The devices of every live node, by node id: each GPU, else one CPU device."""
+        devices = {}
         for node in self._ray.nodes():
             if not node.get("Alive"):
                 continue
             resources = node.get("Resources", {})
             gpus = int(resources.get("GPU", 0))
             names = [f"cuda:{i}" for i in range(gpus)] if gpus else (["cpu"] if resources.get("CPU", 0) >= 1 else [])
-            devices += [(node["NodeID"], name) for name in names]
+            if names:
+                devices[node["NodeID"]] = names
         return devices
 
     def reconcile(self, now: float) -> None:
         ray = self._ray
-        for key in self.wanted():
-            placed = self.placed.setdefault(key, _Placed())
-            if placed.running is not None:
-                done, _ = ray.wait([placed.running], timeout=0)
-                if not done:
-                    continue  # running
-                self._lost(key, placed, now)
-            if now >= placed.retry_at:
-                self._place(key, placed)
+        wanted = self.wanted()
+        for node in [node for node in self.reserved if node not in wanted]:
+            log.warning("Ray node %s left the cluster; its workers go with it", node[:8])
+            self._release(node)
+        for node, devices in wanted.items():
+            if node not in self.reserved:
+                self.reserved[node] = (self._reserve(node, devices), devices)
+            for device in self.reserved[node][1]:
+                placed = self.placed.setdefault((node, device), _Placed())
+                if placed.running is not None:
+                    done, _ = ray.wait([placed.running], timeout=0)
+                    if not done:
+                        continue  # running
+                    self._lost((node, device), placed, now)
+                if now >= placed.retry_at:
+                    self._place((node, device), placed)
+
+    def _reserve(self, node: str, devices: list[str]) -> Any:
+        """A placement group holding one bundle per device of ``node``, on that node only."""
+        placement = importlib.import_module("ray.util.placement_group")
+        bundles = [{"GPU": 1.0} if device.startswith("cuda") else {"CPU": 1.0} for device in devices]
+        on_node = [{NODE_LABEL: node}] * len(devices)
+        return placement.placement_group(bundles, strategy="STRICT_PACK", bundle_label_selector=on_node)
+
+    def _release(self, node: str) -> None:
+        """End ``node``'s workers and give its reservation back."""
+        group, devices = self.reserved.pop(node)
+        for device in devices:
+            placed = self.placed.pop((node, device), None)
+            if placed is not None and placed.actor is not None:
+                self._ray.kill(placed.actor)
+        importlib.import_module("ray.util.placement_group").remove_placement_group(group)
 
     def _lost(self, key: tuple[str, str], placed: _Placed, now: float) -> None:
         placed.restarts = [t for t in placed.restarts if now - t < 60.0]
@@ -135,8 +162,9 @@ class RayPlacer:
         log.warning("worker for %s on node %s is gone; placing it again in %.1f s", key[1], key[0][:8], delay)
 
     def _place(self, key: tuple[str, str], placed: _Placed) -> None:
-        affinity = importlib.import_module("ray.util.scheduling_strategies").NodeAffinitySchedulingStrategy
+        in_bundle = importlib.import_module("ray.util.scheduling_strategies").PlacementGroupSchedulingStrategy
         node, device = key
+        group, devices = self.reserved[node]
         gpu = device.startswith("cuda")
         workers = self.workers
         arguments = ["--controller", workers.controller, "--device", "cuda:0" if gpu else "cpu",
@@ -144,7 +172,7 @@ class RayPlacer:
         if workers.pool_mib:
             arguments += ["--pool-mib", str(workers.pool_mib)]
         environment = {SECRET_ENV: workers.secret} if workers.secret else {}
-        options: dict[str, Any] = {"scheduling_strategy": affinity(node, soft=False)}
+        options: dict[str, Any] = {"scheduling_strategy": in_bundle(group, devices.index(device))}
         options.update({"num_gpus": 1, "num_cpus": 0} if gpu else {"num_cpus": 1})
         placed.actor = self._actor_class.options(**options).remote()
         placed.running = placed.actor.run.remote(arguments, environment)

@@ -1,6 +1,6 @@
-"""``serve --ray``: workers placed as Ray actors on a local cluster (a head and a second node, each with
-one CPU), models served from both, a third node joining and getting a worker, and a killed worker
-actor replaced under load with every request answered exactly once."""
+"""``serve --ray``: workers placed as Ray actors in placement groups on a local cluster (a head and
+a second node, each with one CPU), models served from both, a third node joining and getting a
+worker, and a killed worker actor replaced under load with every request answered exactly once."""
 
 from __future__ import annotations
 
@@ -55,6 +55,16 @@ def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
         subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
 
 
+def reservations(address: str, env: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """(state, node of each bundle) of every placement group on the cluster, asked by a second driver."""
+    ask = ("import json, ray; from ray.util import placement_group_table as table; "
+           f"ray.init(address={address!r}, namespace='mainspring', log_to_driver=False); "
+           "groups = [(g['state'], list(g['bundles_to_node_id'].values())) for g in table().values()]; "
+           "print(json.dumps(groups))")  # fmt: skip
+    answer = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True, timeout=120)
+    return [(state, nodes) for state, nodes in json.loads(answer.stdout.splitlines()[-1])]
+
+
 def actor_pids() -> list[int]:
     """Processes of the placed worker actors (Ray names them after the running method)."""
     found = []
@@ -99,6 +109,11 @@ def test_workers_on_a_ray_cluster_are_placed_and_replaced(
         add_node(address, env)  # the cluster grows: the new node gets a worker
         wait_for(lambda: metric(server, "mainspring_devices") == 3, 120)
         assert len(actor_pids()) == 3
+        # Each node's device is reserved (one placement group per node, its bundle on that node):
+        # a replaced worker gets its own slot back, whatever else runs on the cluster.
+        held = [(state, nodes) for state, nodes in reservations(address, env) if state == "CREATED"]
+        assert len(held) == 3 and all(len(nodes) == 1 for _, nodes in held), held
+        assert len({nodes[0] for _, nodes in held}) == 3, held
 
         os.kill(actor_pids()[0], signal.SIGKILL)  # under load
         log = tmp_path / "server.log"
@@ -119,3 +134,4 @@ def test_workers_on_a_ray_cluster_are_placed_and_replaced(
         stop.set()
         assert server.stop() == 0, (tmp_path / "server.log").read_text()
     wait_for(lambda: not actor_pids(), 30)  # the server took its workers with it
+    assert not [g for g in reservations(address, env) if g[0] != "REMOVED"]  # and gave its devices back

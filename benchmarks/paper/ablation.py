@@ -3,7 +3,7 @@ they matter: Fig. 5 saturation (100 and 25 ms), open-loop overload at 1.5x over 
 the isolation burst, and the Azure burst window (x30 from minute 0; misses summed over seeds, since
 where one burst's requests fall against the noise model's spikes moves a single seed's count tenfold).
 
-    .venv/bin/python benchmarks/paper/ablation.py [--azure-s 300] [--azure-seeds 1 2 3]
+    .venv/bin/python benchmarks/paper/ablation.py [--azure-s 300] [--azure-seeds 1 2 3] [--only LABEL ...]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "without start_early": {"start_early": False},
     "without monotone_estimates": {"monotone_estimates": False},
     "without efficient_when_contended": {"efficient_when_contended": False},
+    "without split_padding": {"split_padding": False},
     "before (none of the four)": {
         "whole_batches": False,
         "lookahead_within_share": False,
@@ -75,6 +76,7 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--azure-s", type=float, default=300.0)
     p.add_argument("--azure-seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--only", nargs="+", metavar="LABEL", help="rows to run (variant labels, infer4); default all")
     args = p.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tests.scheduler.test_isolation import MODELS as BURST_MODELS
@@ -90,6 +92,8 @@ def main() -> None:
         azure_runs.append((azure_config, generate_arrivals(azure, azure_models, azure_config)))
     rows = []
     for label, policy in zip([*VARIANTS, "infer4"], policies, strict=True):
+        if args.only and label not in args.only:
+            continue
         row = [label]
         for slo_ms, seconds in ((100, 20), (25, 10)):
             config = SimulationConfig(duration_ns=s_to_ns(seconds), devices=1, slo_ns=ms_to_ns(slo_ms), seed=1)

@@ -55,14 +55,33 @@ def test_batch_is_the_largest_that_meets_every_deadline() -> None:
     assert first.batch_size == 4 and first.request_ids == (0, 1, 2, 3)
     assert first.earliest_ns == now and first.expected_duration_ns == 5 * MS
     assert first.latest_ns == now + 1 * MS  # the latest start that still meets request 0
-    # With a relaxed head deadline the whole queue goes as one padded batch of 8.
+    # With a relaxed head deadline seven requests go as one padded batch of 8 (9 ms; 4 + 2 + 1: 10 ms).
     policy = scheduler()
+    now = warm(policy, "a")
+    for i in range(7):
+        policy.on_request(request(i, "a", now), now)
+    (batch,) = infers(policy.schedule(now))
+    assert batch.batch_size == 8 and len(batch.request_ids) == 7
+    assert batch.latest_ns == now + 5 * MS  # capped at earliest + slack (the horizon)
+
+
+def test_a_padded_batch_that_costs_more_than_full_smaller_ones_is_split() -> None:
+    # Six requests padded to 8 take 9 ms of the lane; a batch of 4 and one of 2 take 8 ms and end
+    # them all sooner: 4 now, the other 2 when the lane frees (within the horizon: planned at once).
+    policy = scheduler()
+    now = warm(policy, "a")
+    for i in range(6):
+        policy.on_request(request(i, "a", now), now)
+    first, second = infers(policy.schedule(now))
+    assert first.batch_size == 4 and first.request_ids == (0, 1, 2, 3)
+    assert second.batch_size == 2 and second.request_ids == (4, 5)
+    # Without split_padding, the padded batch of 8.
+    policy = scheduler(split_padding=False)
     now = warm(policy, "a")
     for i in range(6):
         policy.on_request(request(i, "a", now), now)
     (batch,) = infers(policy.schedule(now))
     assert batch.batch_size == 8 and len(batch.request_ids) == 6
-    assert batch.latest_ns == now + 5 * MS  # capped at earliest + slack (the horizon)
 
 
 def test_early_rejection_at_arrival_with_the_reason() -> None:

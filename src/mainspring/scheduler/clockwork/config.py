@@ -29,6 +29,8 @@ class ClockworkConfig:
     could not follow, pass over it for the largest batch that fits (INFER4's skip).
     ``lookahead_within_share``: the lookahead only spares models within their share.
     ``share_full_batch``: a model over its share may still queue one full batch.
+    ``split_padding``: a batch that would be padded runs instead as the first of the batches that
+    serve its requests in the least lane time (12 requests: 8 now and 4 next, not 16 with 4 empty).
     ``start_early``: infers may start as soon as the lane is free (earliest = now), as INFER4's do.
     ``efficient_when_contended``: when the waiting models' batches cannot all meet their deadlines
     in deadline order, run the one that serves the most requests per unit of lane time (a model
@@ -65,6 +67,7 @@ class ClockworkConfig:
     whole_batches: bool = True
     lookahead_within_share: bool = True
     share_full_batch: bool = True
+    split_padding: bool = True
     start_early: bool = True
     efficient_when_contended: bool = True
     spill_after: float | None = 0.5

@@ -35,7 +35,7 @@ from mainspring.scheduler.clockwork.estimator import Estimator
 from mainspring.scheduler.clockwork.loads import LoadPlanner
 from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
 from mainspring.scheduler.clockwork.residency import Residency
-from mainspring.scheduler.clockwork.shapes import BatchShapes, cheapest_in
+from mainspring.scheduler.clockwork.shapes import BatchShapes, cheapest_in, first_of_split
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.time import NS_PER_S, ms_to_ns
@@ -363,6 +363,9 @@ class ClockworkScheduler(PolicyBookkeeping):
                 cheapest = cheapest_in(table, count, size)
                 assert cheapest is not None  # ``size`` is one of the table's
                 padded, padded_ns = cheapest
+                if self.config.split_padding and padded > count:
+                    padded, padded_ns = first_of_split(table, count, size)
+                    count = min(count, padded)
                 return _Choice(
                     head.deadline_ns - start_ns - padded_ns, model, start_ns, count, padded, head.deadline_ns
                 )

@@ -116,3 +116,21 @@ def cheapest_in(table: tuple[tuple[int, int], ...], count: int, up_to: int) -> t
     if up_to_ns < 0:
         return None
     return (best_size, best_ns) if best_ns <= up_to_ns else (up_to, up_to_ns)
+
+
+def first_of_split(table: tuple[tuple[int, int], ...], count: int, up_to: int) -> tuple[int, int]:
+    """The batch to run first when ``count`` requests are served in the least lane time with sizes up
+    to ``up_to``, as (size, estimate): its largest batch. Padding 12 requests to a batch of 16 costs
+    more lane time than a batch of 8 and one of 4, which also finish them all sooner; 14 are padded
+    (8 + 4 + 2 would take longer). Ties go to fewer batches."""
+    sizes = [(size, exec_ns) for size, exec_ns in table if size <= up_to]
+    # best[c]: (lane time, batches, largest batch, its estimate) to serve c requests
+    best: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)]
+    for c in range(1, count + 1):
+        options = []
+        for size, exec_ns in sizes:
+            work, parts, largest, largest_ns = best[max(0, c - size)]
+            first = (size, exec_ns) if size >= largest else (largest, largest_ns)
+            options.append((work + exec_ns, parts + 1, *first))
+        best.append(min(options, key=lambda o: (o[0], o[1])))
+    return best[count][2], best[count][3]

@@ -62,13 +62,14 @@ def main() -> None:
 
 NOTES = (
     "At 1x the SLO equals the profile's batch-1 time, so a batch of one makes it only when it starts the "
-    "moment its request arrives and runs no slower than the profile: about half the runs on an idle lane. "
-    "Clockwork's estimate (the p99 of the last ten runs) is above the SLO, so it rejects at arrival "
-    "and answers almost nothing late. INFER4 never rejects at arrival and floors its scheduling deadline at "
-    "15 ms (schedule-ahead plus buffer), far past a 3.3 ms SLO: it runs nearly every request, and those that happen to "
-    "finish in time are its goodput at 1x, the rest answered late; the reactive "
-    "baselines queue and answer late as well. Serving on the chance that a run beats its p99 would trade "
-    "that goodput for answers after the deadline, which is what clockwork exists to avoid; it is not done."
+    "moment its request arrives and runs no slower than the profile: about half the runs on an idle lane."
+    " Clockwork's estimate (the p99 of the last ten runs) is above the SLO, so it rejects at arrival; its"
+    " late answers are one probe per model never measured (`probe_after_ms`). INFER4 never rejects at "
+    "arrival and floors its scheduling deadline at 15 ms (schedule-ahead plus buffer), far past a 3.3 ms "
+    "SLO: it runs nearly every request, and those that happen to finish in time are its goodput at 1x, "
+    "the rest answered late; the reactive baselines queue and answer late as well. Serving on the chance "
+    "that a run beats its p99 would trade that goodput for answers after the deadline, which is what "
+    "clockwork exists to avoid; it is not done."
 )
 
 

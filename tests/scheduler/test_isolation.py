@@ -2,9 +2,16 @@
 
 import random
 
+import pytest
+
+from mainspring.models.profile import ModelProfile, builtin_profiles, model_copies
+from mainspring.protocol import Outcome
+from mainspring.scheduler import registry
+from mainspring.scheduler.clockwork import ClockworkConfig, ClockworkScheduler
+from mainspring.scheduler.clockwork.admission import water_level
 from mainspring.sim.run import SimulationConfig, simulate
 from mainspring.time import NS_PER_MS, NS_PER_S
-from mainspring.workload import Arrival
+from mainspring.workload import Arrival, PoissonOpenLoop
 from tests.fakes import PAGE, FixedArrivals, profile
 from tests.invariants import check_invariants
 
@@ -45,3 +52,34 @@ def test_clockwork_isolates_a_burst() -> None:
 def test_a_reactive_baseline_does_not() -> None:
     steady, _, _ = attainment("triton")
     assert steady < 0.9  # the burst's queue delays the steady model past its deadlines
+
+
+def test_water_level_is_the_max_min_fair_share() -> None:
+    assert water_level([0.5, 0.4]) == float("inf")  # all fit: no level
+    assert water_level([0.8, 0.8, 0.8]) == pytest.approx(1 / 3)
+    assert water_level([0.2, 5.0]) == pytest.approx(0.8)  # the small one keeps all it asks for
+    assert water_level([0.1, 0.5, 0.9]) == pytest.approx(0.45)
+
+
+def overloaded_refusals(models: list[ModelProfile], rate: float, **config: object) -> tuple[int, int]:
+    """Open-loop Poisson over ``models`` on one device: (refused as overloaded, served in time)."""
+    cw = ClockworkConfig(**config)  # type: ignore[arg-type]
+    registry._FACTORIES["clockwork-test"] = lambda p, d, rng, m: ClockworkScheduler(p, d, cw, rng)
+    try:
+        config_ = SimulationConfig(duration_ns=2 * NS_PER_S, devices=1, seed=4)
+        rows = simulate("clockwork-test", models, PoissonOpenLoop(rate), config_).recorder.requests
+    finally:
+        del registry._FACTORIES["clockwork-test"]
+    return sum(r.outcome == Outcome.OVERLOADED.value for r in rows), sum(r.good for r in rows)
+
+
+def test_models_that_all_ask_for_more_than_their_share_are_not_refused_as_overloaded() -> None:
+    # Three equally hot models fill the device (1x of its batch-16 limit): none asks for less than
+    # its fair share, so there is no one for share admission to protect; refusing work as
+    # "overloaded" would only leave the device's time unused.
+    hot = model_copies([p for p in builtin_profiles() if p.model == "resnet50_v2"], 3)
+    limit = 16 / (hot[0].exec_ns[16] / NS_PER_S)
+    refused, served = overloaded_refusals(hot, limit)
+    assert refused == 0
+    refused_before, served_before = overloaded_refusals(hot, limit, share_protects_only=False)
+    assert refused_before > 0 and served >= served_before

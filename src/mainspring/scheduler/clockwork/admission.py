@@ -24,6 +24,21 @@ from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.time import ms_to_ns, ns_to_ms
 
 VictimFinder = Callable[[DeviceState, str], "list[str] | None"]
+PROTECT_CACHE_NS = ms_to_ns(1)  # how long a device's fair water level is reused
+
+
+def water_level(demands: list[float]) -> float:
+    """The max-min fair share of one device among ``demands`` (shares of it): the level at which
+    the demands, each capped there, add up to the whole device; infinite when they all fit."""
+    if sum(demands) <= 1.0:
+        return float("inf")
+    left, count = 1.0, len(demands)
+    for demand in sorted(demands):
+        if demand * count > left:
+            return left / count
+        left -= demand
+        count -= 1
+    return left  # not reached: the demands sum to more than 1
 
 
 class Refusal(NamedTuple):
@@ -53,6 +68,8 @@ class Admission:
         self._margin_ns = config.deadline_margin_ns
         self._arrivals: dict[str, DecayingRate] = {}  # per model: requests per unit of memory
         self.needs_replica: set[str] = set()  # held models with requests only a new replica can serve
+        # per device: (the millisecond it was computed in, models below the fair water level)
+        self._protected: dict[int, tuple[int, set[str]]] = {}
 
     def forget(self, model: str) -> None:
         self._arrivals.pop(model, None)
@@ -150,6 +167,8 @@ class Admission:
         held = self._residency.holding(model)
         if not any(self.over_share(model, d, now_ns) for d in held):
             return True
+        if self.config.share_protects_only and not any(self._protects(model, d, now_ns) for d in held):
+            return True  # every model on its holders is over its fair share: none to protect
         queue = self._queues.get(model)
         count = 1 + (queue.count if queue is not None else 0)
         covered = 0.0  # share of the queued work the holders' shares of time cover until the deadline
@@ -159,6 +178,24 @@ class Admission:
                 room = max(room, self._shapes.work_ns(model, self._shapes.sizes(model)[-1], d.kind))
             covered += room / max(1, self._shapes.work_ns(model, count, d.kind))
         return covered >= 1.0
+
+    def _protects(self, model: str, device: DeviceState, now_ns: int) -> bool:
+        """Does another model on ``device`` ask for less than its max-min fair share of it (the
+        water level where the demands, each capped at it, fill the device)? Such a model is what
+        share admission protects; when every model asks for more (three hot models that batch),
+        holding each to its share only refuses work the device would serve."""
+        cached = self._protected.get(device.spec.device)
+        if cached is None or cached[0] != now_ns // PROTECT_CACHE_NS:
+            demands = []
+            for held in device.ready_ns:
+                demand = self.model_demand(held, now_ns, device.kind)
+                if demand > 0.0:
+                    demands.append((demand / len(self._residency.holders[held]), held))
+            level = water_level([d for d, _ in demands])
+            cached = (now_ns // PROTECT_CACHE_NS, {m for d, m in demands if d < level})
+            self._protected[device.spec.device] = cached
+        below = cached[1]
+        return len(below) > (model in below)
 
     def _share(self, model: str, device: DeviceState, now_ns: int) -> float:
         own = self.model_demand(model, now_ns, device.kind) / len(self._residency.holders[model])

@@ -29,6 +29,8 @@ class ClockworkConfig:
     could not follow, pass over it for the largest batch that fits (INFER4's skip).
     ``lookahead_within_share``: the lookahead only spares models within their share.
     ``share_full_batch``: a model over its share may still queue one full batch.
+    ``share_protects_only``: share admission holds a model to its share only where another model on
+    its holders asks for less than its max-min fair share (one there to protect).
     ``split_padding``: a batch that would be padded runs instead as the first of the batches that
     serve its requests in the least lane time (12 requests: 8 now and 4 next, not 16 with 4 empty).
     ``start_early``: infers may start as soon as the lane is free (earliest = now), as INFER4's do.
@@ -68,6 +70,7 @@ class ClockworkConfig:
     lookahead_within_share: bool = True
     share_full_batch: bool = True
     split_padding: bool = True
+    share_protects_only: bool = True
     start_early: bool = True
     efficient_when_contended: bool = True
     spill_after: float | None = 0.5

@@ -38,6 +38,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "without monotone_estimates": {"monotone_estimates": False},
     "without efficient_when_contended": {"efficient_when_contended": False},
     "without split_padding": {"split_padding": False},
+    "without share_protects_only": {"share_protects_only": False},
     "before (none of the four)": {
         "whole_batches": False,
         "lookahead_within_share": False,

@@ -186,11 +186,8 @@ class Admission:
         holding each to its share only refuses work the device would serve."""
         cached = self._protected.get(device.spec.device)
         if cached is None or cached[0] != now_ns // PROTECT_CACHE_NS:
-            demands = []
-            for held in device.ready_ns:
-                demand = self.model_demand(held, now_ns, device.kind)
-                if demand > 0.0:
-                    demands.append((demand / len(self._residency.holders[held]), held))
+            demands = [(self._demand_on(held, device, now_ns), held) for held in device.ready_ns]
+            demands = [(demand, held) for demand, held in demands if demand > 0.0]
             level = water_level([d for d, _ in demands])
             cached = (now_ns // PROTECT_CACHE_NS, {m for d, m in demands if d < level})
             self._protected[device.spec.device] = cached
@@ -198,8 +195,11 @@ class Admission:
         return len(below) > (model in below)
 
     def _share(self, model: str, device: DeviceState, now_ns: int) -> float:
-        own = self.model_demand(model, now_ns, device.kind) / len(self._residency.holders[model])
-        return self._share_given(own, device, now_ns)
+        return self._share_given(self._demand_on(model, device, now_ns), device, now_ns)
+
+    def _demand_on(self, model: str, device: DeviceState, now_ns: int) -> float:
+        """Share of ``device`` that ``model``'s recent arrivals asked of it (spread over its holders)."""
+        return self.model_demand(model, now_ns, device.kind) / len(self._residency.holders[model])
 
     def _share_given(self, own: float, device: DeviceState, now_ns: int) -> float:
         """The share of ``device`` left to a model whose own demand on it is ``own``."""
@@ -207,8 +207,7 @@ class Admission:
 
     def over_share(self, model: str, device: DeviceState, now_ns: int) -> bool:
         """Does ``model`` ask more of ``device`` than the other models' demand leaves it?"""
-        holders = self._residency.holders.get(model)
-        if not holders:
+        if not self._residency.holders.get(model):
             return False
-        own = self.model_demand(model, now_ns, device.kind) / len(holders)
+        own = self._demand_on(model, device, now_ns)
         return own > self._share_given(own, device, now_ns)

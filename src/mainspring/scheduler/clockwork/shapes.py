@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from mainspring.models.profile import ModelProfile
@@ -118,6 +119,7 @@ def cheapest_in(table: tuple[tuple[int, int], ...], count: int, up_to: int) -> t
     return (best_size, best_ns) if best_ns <= up_to_ns else (up_to, up_to_ns)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # on the planner's hot path; tables repeat across model copies
 def first_of_split(table: tuple[tuple[int, int], ...], count: int, up_to: int) -> tuple[int, int]:
     """The batch to run first when ``count`` requests are served in the least lane time with sizes up
     to ``up_to``, as (size, estimate): its largest batch. Padding 12 requests to a batch of 16 costs

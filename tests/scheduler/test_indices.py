@@ -64,12 +64,13 @@ class ReferenceClockwork(ClockworkScheduler):
     def _best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> _Choice | None:
         if model in device.loading:
             return None
-        head: Request | None = self._feasible_head(self.queues[model], now_ns)
+        queue = self.queues[model]
+        head: Request | None = self._feasible_head(queue, now_ns)
         if head is None:
             return None
-        choice = self._batch_within(device, model, start_ns, head.deadline_ns)
+        choice = self._batch_within(device, queue, head, start_ns, head.deadline_ns)
         if self.config.whole_batches and choice is not None:
-            choice = self._keep_backlog_whole(device, model, start_ns, choice)
+            choice = self._keep_backlog_whole(device, queue, start_ns, choice)
         return choice
 
 

@@ -137,6 +137,20 @@ class Estimator:
         profiled = self._profiles[model].exec_ns[batch_size]
         return self._estimate(entry, self._exec_ratio.get(kind), profiled)
 
+    def exec_table(self, model: str, sizes: tuple[int, ...], kind: str) -> list[int]:
+        """``exec_ns`` of each of ``sizes``, in one go: the planner recomputes a model's whole table
+        whenever the kind's ratio moves (every model not yet fully measured borrows it)."""
+        exec_windows, profiled = self._exec, self._profiles[model].exec_ns
+        ratio = self._exec_ratio.get(kind)
+        estimates = []
+        for size in sizes:
+            entry = exec_windows.get((model, size, kind))
+            if entry is not None and entry.full:
+                estimates.append(entry.value)
+            else:
+                estimates.append(self._estimate(entry, ratio, profiled[size]))
+        return estimates
+
     def load_ns(self, model: str, kind: str) -> int:
         entry = self._load.get((model, kind))
         return self._estimate(entry, self._load_ratio.get(kind), self._profiles[model].load_ns)

@@ -242,9 +242,9 @@ class ClockworkScheduler(PolicyBookkeeping):
         finds them, so the cost does not grow with the devices' waiting models."""
         stranded, needs_replica = self._stranded, self.admission.needs_replica
         stranded.update(self.queues.newly_stranded(now_ns))
-        for model in list(stranded):
-            if model in needs_replica:
-                continue  # looked at again once its replica is placed (or its queue closes)
+        # Skipped until that changes: models waiting for their replica, and cold ones (no holder to
+        # be stranded behind; their load is planned anyway).
+        for model in stranded.difference(needs_replica, self.residency.cold):
             queue = self.queues.get(model)
             head = None if queue is None else queue.head()
             if head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
@@ -286,26 +286,38 @@ class ClockworkScheduler(PolicyBookkeeping):
         head = queue.head()
         # A batch that fits here proves the head feasible (this device holds the model, ready by
         # ``start_ns``): only when none fits is it worth asking every holder (``_feasible_head``).
-        choice = None if head is None else self._batch_within(device, model, start_ns, head.deadline_ns)
+        choice = None if head is None else self._batch_within(device, queue, head, start_ns, head.deadline_ns)
         if choice is None:
-            feasible = self._feasible_head(queue, now_ns)
-            if feasible is None:
-                return None
-            if feasible is not head:
-                choice = self._batch_within(device, model, start_ns, feasible.deadline_ns)
-        if self.config.whole_batches and choice is not None:
-            choice = self._keep_backlog_whole(device, model, start_ns, choice)
+            return self._best_batch_of_feasible(device, queue, head, start_ns, now_ns)
+        if self.config.whole_batches and not self._whole(queue, choice):
+            return self._keep_backlog_whole(device, queue, start_ns, choice)
         return choice
 
-    def _keep_backlog_whole(self, device: DeviceState, model: str, start_ns: int, choice: _Choice) -> _Choice:
+    def _best_batch_of_feasible(
+        self, device: DeviceState, queue: ModelQueue, head: Request | None, start_ns: int, now_ns: int
+    ) -> _Choice | None:
+        """``_best_batch`` once no batch for the head fits here: for the most urgent request some holder can serve."""
+        feasible = self._feasible_head(queue, now_ns)
+        if feasible is None or feasible is head:
+            return None
+        choice = self._batch_within(device, queue, feasible, start_ns, feasible.deadline_ns)
+        if self.config.whole_batches and choice is not None:
+            choice = self._keep_backlog_whole(device, queue, start_ns, choice)
+        return choice
+
+    def _whole(self, queue: ModelQueue, choice: _Choice) -> bool:
+        """Does ``choice`` take as much of the queue as one batch can?"""
+        return choice.n_requests >= min(queue.count, self.shapes.sizes(queue.model)[-1])
+
+    def _keep_backlog_whole(self, device: DeviceState, queue: ModelQueue, start_ns: int, choice: _Choice) -> _Choice:
         """Keep a backlog's batches whole. When the most urgent request only allows a part of the
         queue to run and the rest could not follow in time, serving it would leave every later
         batch of the model short (the collapse of deadline order under overload). Instead run the
         largest batch that fits from the first request whose deadline allows it; the requests
         passed over stay queued (another device may serve them) and expire if none can."""
-        queue = self.queues[model]
+        model = queue.model
         largest = self.shapes.sizes(model)[-1]
-        if choice.n_requests >= min(queue.count, largest):
+        if self._whole(queue, choice):
             return choice
         deadlines = sorted(r.deadline_ns for r in queue.requests())
         count, n = len(deadlines), choice.n_requests
@@ -346,17 +358,18 @@ class ClockworkScheduler(PolicyBookkeeping):
                 return True
         return False
 
-    def _batch_within(self, device: DeviceState, model: str, start_ns: int, finish_by_ns: int) -> _Choice | None:
-        """The largest batch of ``model`` starting at ``start_ns`` that ends (with the margin) by ``finish_by_ns``."""
-        queue = self.queues[model]
-        head = queue.head()
-        if head is None:
-            return None
-        kind = device.kind
-        table = self.shapes.estimates(model, kind)[0]
+    def _batch_within(
+        self, device: DeviceState, queue: ModelQueue, head: Request, start_ns: int, finish_by_ns: int
+    ) -> _Choice | None:
+        """The largest batch of ``queue``'s model starting at ``start_ns`` that ends (with the margin) by
+        ``finish_by_ns``; ``head`` is the queue's most urgent request."""
+        model, kind = queue.model, device.kind
+        table, fastest = self.shapes.estimates(model, kind)
+        latest_end = finish_by_ns - self._margin_ns - start_ns
+        if latest_end < fastest:
+            return None  # no size fits (the common answer on a booked lane)
         smallest = table[0][0]
         longest = self.config.max_batch_slo_fraction * head.slo_ns if len(device.waiting) > 1 else NEVER
-        latest_end = finish_by_ns - self._margin_ns - start_ns
         for size, exec_ns in reversed(table):
             if exec_ns <= latest_end and (exec_ns <= longest or size == smallest):
                 count = min(queue.count, size)
@@ -370,6 +383,12 @@ class ClockworkScheduler(PolicyBookkeeping):
                     head.deadline_ns - start_ns - padded_ns, model, start_ns, count, padded, head.deadline_ns
                 )
         return None
+
+    def _batch_within_head(self, device: DeviceState, model: str, start_ns: int, finish_by_ns: int) -> _Choice | None:
+        """``_batch_within`` for ``model``'s queue and its head."""
+        queue = self.queues[model]
+        head = queue.head()
+        return None if head is None else self._batch_within(device, queue, head, start_ns, finish_by_ns)
 
     def _trade_off(self, device: DeviceState, chosen: _Choice, choices: list[_Choice], now_ns: int) -> _Choice:
         """What to run instead of the least-slack batch, when the candidates cannot all be served.
@@ -425,10 +444,10 @@ class ClockworkScheduler(PolicyBookkeeping):
         if self.config.lookahead_within_share and self.admission.over_share(urgent.model, device, now_ns):
             return chosen  # lookahead protects models within their share, not one over-share model from another
         finish_by = min(urgent.deadline_ns, chosen.deadline_ns - self._margin_ns - chosen_ns)
-        first = self._batch_within(device, urgent.model, urgent.start_ns, finish_by)
+        first = self._batch_within_head(device, urgent.model, urgent.start_ns, finish_by)
         if first is not None:
             return first
-        smaller = self._batch_within(device, chosen.model, chosen.start_ns, urgent_latest_start + self._margin_ns)
+        smaller = self._batch_within_head(device, chosen.model, chosen.start_ns, urgent_latest_start + self._margin_ns)
         return smaller if smaller is not None and smaller.deadline_ns >= chosen.deadline_ns else chosen
 
     def _feasible_head(self, queue: ModelQueue, now_ns: int) -> Request | None:

@@ -79,8 +79,8 @@ class BatchShapes:
         any larger size's: a batch runs no slower than a larger one (padding it would make it that
         one), so one spike in a small size's window neither stops that size from running (and being
         measured again) nor makes a larger padded batch look the faster choice."""
-        estimator = self.estimator
-        table = [(size, estimator.exec_ns(model, size, kind)) for size in self.sizes(model)]
+        sizes = self.sizes(model)
+        table = list(zip(sizes, self.estimator.exec_table(model, sizes, kind), strict=True))
         if self._monotone:
             for i in range(len(table) - 2, -1, -1):
                 if table[i + 1][1] < table[i][1]:

@@ -56,6 +56,20 @@ def test_a_request_of_n_samples_is_n_requests_answered_together() -> None:
     with_service(test)
 
 
+def test_the_samples_of_one_request_are_planned_together_as_one_batch() -> None:
+    async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
+        await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})  # loaded, lanes idle again
+        before = (await plane.model_stats("a"))["model_stats"][0]["execution_count"]
+        values = np.arange(12, dtype=np.float32).reshape(4, 3)
+        _, outputs = await plane.infer("a", None, [tensor(values)], None, {})
+        np.testing.assert_array_equal(outputs[0].data, values)
+        # one pass after all four are queued: one batch of 4, not a batch of 1 for the first sample
+        # while the other three are still arriving
+        assert (await plane.model_stats("a"))["model_stats"][0]["execution_count"] == before + 1
+
+    with_service(test)
+
+
 def test_errors_of_the_data_plane() -> None:
     async def test(service: ControllerService, plane: DataPlane, handle: InProcessWorker) -> None:
         one = tensor(np.ones((1, 3), np.float32))

@@ -337,6 +337,22 @@ def test_a_never_measured_model_is_probed_once() -> None:
         assert refused.request_id == at and "deadline cannot be met" in refused.reason
 
 
+def test_no_probe_for_a_deadline_the_profile_misses_by_far() -> None:
+    policy = scheduler()
+    policy.on_request(request(1, "b", 0, slo_ms=1.5), 0)
+    (load,) = [a for a in policy.schedule(0).actions if isinstance(a, LoadWeights)]
+    policy.on_result(ok(load.action_id, 0, 0, 5 * MS), 5 * MS)
+    policy.schedule(5 * MS)
+    # held and never measured, but 1 ms is half its 2 ms profile: no busy machine's profile is that
+    # far off, so running it could only answer late (a 50 us timeout on a live server did just that)
+    at = 1_000 * MS
+    policy.on_request(request(2, "b", at, slo_ms=1.0), at)
+    decisions = policy.schedule(at)
+    assert not infers(decisions)
+    (refused,) = decisions.responses
+    assert refused.request_id == 2 and "deadline cannot be met" in refused.reason
+
+
 def test_no_probe_while_the_holder_is_busy() -> None:
     policy = scheduler()
     now = warm(policy, "a")

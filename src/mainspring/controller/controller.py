@@ -64,6 +64,7 @@ class Observers:
 
 AnswerSink = Callable[[Request, Response, object], None]
 WakeupHook = Callable[[int], None]
+Defer = Callable[[Callable[[], None]], object]  # runs the callback soon, after the events already due
 
 
 class Controller:
@@ -78,7 +79,12 @@ class Controller:
         request_wakeup: WakeupHook | None = None,
         observer: ControllerObserver | None = None,
         send_inputs: bool = False,
+        defer: Defer | None = None,
     ) -> None:
+        """``defer``: when given, a request, a result or a wake-up runs no pass of its own; one pass,
+        deferred through it, serves every event that arrived before it ran (a live event loop under
+        load hands many events per turn; without ``defer`` every event gets its own pass, as the
+        simulator needs for exactly reproducible runs)."""
         self._scheduler = scheduler
         self._clock = clock
         self._workers = workers
@@ -91,6 +97,8 @@ class Controller:
         self._pending_wakeup_ns: int | None = None
         self._send_inputs = send_inputs
         self._lost_actions: set[int] = set()  # sent to a device that is gone: a late result is ignored
+        self._defer = defer
+        self._pass_deferred = False
 
     @property
     def outstanding(self) -> int:
@@ -105,7 +113,7 @@ class Controller:
         if self._observer is not None:
             self._observer.on_request(request, now)
         self._scheduler.on_request(request, now)
-        self._pump(now)
+        self._pass_soon(now)
 
     def deliver(self, result: ActionResult) -> None:
         """A worker's result for an action this controller sent."""
@@ -122,14 +130,14 @@ class Controller:
             for request_id, output in zip(action.request_ids, result.outputs, strict=True):
                 self._outputs[request_id] = output
         self._scheduler.on_result(result, now)
-        self._pump(now)
+        self._pass_soon(now)
 
     def wake(self) -> None:
         """Called at (or after) a time the scheduler asked to be woken."""
         now = self._clock.now_ns()
         if self._pending_wakeup_ns is not None and self._pending_wakeup_ns <= now:
             self._pending_wakeup_ns = None
-        self._pump(now)
+        self._pass_soon(now)
 
     def overdue_devices(self, now_ns: int, grace_ns: int) -> dict[int, Action]:
         """Devices with an action whose result is overdue: not back by its latest start plus twice its
@@ -162,6 +170,17 @@ class Controller:
         for request_id in pending:
             self._respond(Response(request_id, outcome, reason), now)
         return len(pending)
+
+    def _pass_soon(self, now: int) -> None:
+        if self._defer is None:
+            self._pump(now)
+        elif not self._pass_deferred:
+            self._pass_deferred = True
+            self._defer(self._deferred_pass)
+
+    def _deferred_pass(self) -> None:
+        self._pass_deferred = False
+        self._pump(self._clock.now_ns())
 
     def _pump(self, now: int) -> None:
         decisions = self._scheduler.schedule(now)

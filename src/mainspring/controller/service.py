@@ -121,7 +121,14 @@ class ControllerService:
         observer: ControllerObserver = Observers(*observers)
         self._links: dict[int, _DeviceLink] = {}
         self.controller = Controller(
-            scheduler, self.clock, self._links, self._answer, self._request_wakeup, observer, send_inputs=True
+            scheduler,
+            self.clock,
+            self._links,
+            self._answer,
+            self._request_wakeup,
+            observer,
+            send_inputs=True,
+            defer=self._soon,
         )
         self.models: dict[str, ServedModel] = {}
         self.load_errors: dict[str, str] = {}
@@ -208,6 +215,9 @@ class ControllerService:
                 del self._open[request.model]
             if not future.done():
                 future.set_result((response, output))
+
+    def _soon(self, callback: Callable[[], None]) -> None:
+        self.loop.call_soon(callback)
 
     def _request_wakeup(self, at_ns: int) -> None:
         self.loop.call_at(at_ns / NS_PER_S, self.controller.wake)

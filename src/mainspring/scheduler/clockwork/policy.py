@@ -530,6 +530,9 @@ class ClockworkScheduler(PolicyBookkeeping):
         last = self._measured_ns.get(model)
         if after is None or (last is not None and now_ns - last < ms_to_ns(after)):
             return False  # measured lately: the estimate is evidence, not a stale figure
+        profiled = min(self.profiles[model].exec_ns.values())
+        if now_ns + profiled / STALE_OVER_PROFILE > request.deadline_ns - self._margin_ns:
+            return False  # not even a profile taken on a busy machine could be that far off: it would answer late
         idle = [
             d
             for d in self.residency.holding(model)
@@ -538,7 +541,6 @@ class ClockworkScheduler(PolicyBookkeeping):
         if not idle:
             return False
         device = idle[0]
-        profiled = min(self.profiles[model].exec_ns.values())
         if last is not None and self.shapes.fastest_ns(model, device.kind) <= STALE_OVER_PROFILE * profiled:
             return False  # measured, and near the profile: the model is that slow (probes would only answer late)
         self._measured_ns[model] = now_ns

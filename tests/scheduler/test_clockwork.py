@@ -420,12 +420,15 @@ def test_past_saturation_the_batch_that_serves_more_per_ms_runs() -> None:
     assert first.model == "a"
 
 
-def test_a_request_stranded_behind_other_models_spills_to_an_idle_device() -> None:
+def stranded_behind_slow(idle_devices: int) -> tuple[ClockworkScheduler, int]:
+    """Models "a" and "slow" on device 0, ``idle_devices`` more joined empty; three slow requests
+    (30 ms each) ahead of one for a, all with 100 ms SLOs; the first two slow batches planned.
+    Returns the policy and the time the second one was planned (everything queued at ``now``)."""
     profiles = {"a": profile("a"), "slow": profile("slow", exec_ms={1: 30.0, 2: 55.0})}
-    specs = [DeviceSpec(i, "v100", 100 * PAGE, PAGE) for i in range(2)]
+    specs = [DeviceSpec(i, "v100", 100 * PAGE, PAGE) for i in range(1 + idle_devices)]
     policy = ClockworkScheduler(profiles, specs[:1], ClockworkConfig(spill_after=0.5))
     now = 0
-    for model in ("a", "slow"):  # both loaded on device 0; device 1 joins afterwards
+    for model in ("a", "slow"):  # both loaded on device 0; the others join afterwards
         policy.on_request(request(100 + len(model), model, now, slo_ms=200), now)
         (load,) = [x for x in policy.schedule(now).actions if isinstance(x, LoadWeights)]
         assert load.device == 0
@@ -435,7 +438,8 @@ def test_a_request_stranded_behind_other_models_spills_to_an_idle_device() -> No
         run_ms = 2 if model == "a" else 30
         policy.on_result(ok(infer.action_id, 0, now, now + run_ms * MS), now + run_ms * MS)
         now += run_ms * MS
-    policy.add_device(specs[1])
+    for spec in specs[1:]:
+        policy.add_device(spec)
     for i in range(3):  # three slow requests ahead of one for a: device 0 is booked for 90 ms
         policy.on_request(request(i, "slow", now, slo_ms=100), now)
     policy.on_request(request(9, "a", now + 1 * MS, slo_ms=100), now + 1 * MS)
@@ -446,6 +450,11 @@ def test_a_request_stranded_behind_other_models_spills_to_an_idle_device() -> No
     assert second.model == "slow" and not any(
         isinstance(x, LoadWeights) for x in policy.schedule(now + 40 * MS).actions
     )
+    return policy, now
+
+
+def test_a_request_stranded_behind_other_models_spills_to_an_idle_device() -> None:
+    policy, now = stranded_behind_slow(idle_devices=1)
     # Half their SLO gone, behind a booked lane, the stranded models load on the idle device 1
     # (the most urgent first), so that they may be served there instead of expiring behind slow.
     loads = []
@@ -456,6 +465,20 @@ def test_a_request_stranded_behind_other_models_spills_to_an_idle_device() -> No
                 policy.on_result(ok(action.action_id, 1, t, t + 5 * MS), t + 5 * MS)
     assert [(m, d) for m, d, _ in loads] == [("slow", 1), ("a", 1)]
     assert all(at > 50 * MS for _, _, at in loads)  # not before half the SLO
+
+
+def test_a_stranded_model_asks_for_one_replica_at_a_time() -> None:
+    # Three idle devices and passes every 0.1 ms while the loads are in flight: each stranded model
+    # gets one new replica, not one per pass on every idle device (which evicted five models at once
+    # for one resnet152 request on the Azure trace and delayed the loads others were waiting for).
+    policy, now = stranded_behind_slow(idle_devices=3)
+    loads = [
+        action
+        for t in range(now + 31 * MS, now + 60 * MS, MS // 10)
+        for action in policy.schedule(t).actions
+        if isinstance(action, LoadWeights)
+    ]
+    assert sorted(load.model for load in loads) == ["a", "slow"]
 
 
 def backlog_on_three_holders(behind: int) -> list[Infer]:

@@ -249,7 +249,11 @@ class ClockworkScheduler(PolicyBookkeeping):
             head = None if queue is None else queue.head()
             if head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
                 stranded.discard(model)  # its stranded requests left; later ones have their own strand time
-            elif any(device.exec_lane.free_ns > now_ns for device in self.residency.holding(model)):
+                continue
+            holders = self.residency.holding(model)
+            if any(model in device.loading for device in holders):
+                continue  # a replica is on its way: it may serve the request; one at a time, not one per pass
+            if any(device.exec_lane.free_ns > now_ns for device in holders):
                 needs_replica.add(model)
 
     def _close_if_empty(self, model: str) -> None:

@@ -164,7 +164,7 @@ def cause_of(
     """Why ``request`` missed its SLO; None if it did not."""
     if met_slo(request):
         return None
-    arrival, deadline, answered = (int(request[k]) for k in ("arrival_ns", "deadline_ns", "answered_ns"))
+    deadline, answered = (int(request[k]) for k in ("deadline_ns", "answered_ns"))
     outcome = request.get("outcome") or request["status"]
     if request["status"] == SUCCESS:
         if request["cold"] == "1":
@@ -183,7 +183,9 @@ def cause_of(
     if outcome == "overloaded":
         return "rejected at arrival: over its share of the devices (overloaded)"
     if outcome in ("expired_in_queue", "queue_timeout", "timed_out"):
-        loading = any(sent <= answered and end >= arrival for sent, end in loads.get(request["model"], ()))
+        # Expiry comes at the last moment a batch could still start: a load that ended before it had
+        # made the model ready in time, and what held the request was other work.
+        loading = any(sent <= answered and end >= answered for sent, end in loads.get(request["model"], ()))
         return "expired in queue: " + ("while its model was loading" if loading else "behind other work")
     return f"failed: {outcome}"
 

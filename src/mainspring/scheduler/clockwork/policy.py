@@ -247,14 +247,30 @@ class ClockworkScheduler(PolicyBookkeeping):
         for model in stranded.difference(needs_replica, self.residency.cold):
             queue = self.queues.get(model)
             head = None if queue is None else queue.head()
-            if head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
+            if queue is None or head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
                 stranded.discard(model)  # its stranded requests left; later ones have their own strand time
                 continue
             holders = self.residency.holding(model)
-            if any(model in device.loading for device in holders):
-                continue  # a replica is on its way: it may serve the request; one at a time, not one per pass
+            if self._replicas_on_the_way_cover(model, queue, head, holders, now_ns):
+                continue  # they may serve the stranded requests: not one more replica per pass
             if any(device.exec_lane.free_ns > now_ns for device in holders):
                 needs_replica.add(model)
+
+    def _replicas_on_the_way_cover(
+        self, model: str, queue: ModelQueue, head: Request, holders: list[DeviceState], now_ns: int
+    ) -> bool:
+        """Can the holders still loading ``model`` serve its whole queue, one batch each, by the head's
+        deadline? A single stranded request needs one new replica, a burst of one model may need more."""
+        room = 0
+        for device in holders:
+            if model not in device.loading:
+                continue
+            start = max(now_ns, device.exec_lane.free_ns, device.ready_ns[model])
+            for size, exec_ns in reversed(self.shapes.estimates(model, device.kind)[0]):
+                if start + exec_ns + self._margin_ns <= head.deadline_ns:
+                    room += size
+                    break
+        return room > 0 and room >= queue.count
 
     def _close_if_empty(self, model: str) -> None:
         if self.queues.close_if_empty(model):

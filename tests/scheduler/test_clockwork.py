@@ -420,9 +420,9 @@ def test_past_saturation_the_batch_that_serves_more_per_ms_runs() -> None:
     assert first.model == "a"
 
 
-def stranded_behind_slow(idle_devices: int) -> tuple[ClockworkScheduler, int]:
+def stranded_behind_slow(idle_devices: int, a_requests: int = 1) -> tuple[ClockworkScheduler, int]:
     """Models "a" and "slow" on device 0, ``idle_devices`` more joined empty; three slow requests
-    (30 ms each) ahead of one for a, all with 100 ms SLOs; the first two slow batches planned.
+    (30 ms each) ahead of ``a_requests`` for a, all with 100 ms SLOs; the first two slow batches planned.
     Returns the policy and the time the second one was planned (everything queued at ``now``)."""
     profiles = {"a": profile("a"), "slow": profile("slow", exec_ms={1: 30.0, 2: 55.0})}
     specs = [DeviceSpec(i, "v100", 100 * PAGE, PAGE) for i in range(1 + idle_devices)]
@@ -442,7 +442,8 @@ def stranded_behind_slow(idle_devices: int) -> tuple[ClockworkScheduler, int]:
         policy.add_device(spec)
     for i in range(3):  # three slow requests ahead of one for a: device 0 is booked for 90 ms
         policy.on_request(request(i, "slow", now, slo_ms=100), now)
-    policy.on_request(request(9, "a", now + 1 * MS, slo_ms=100), now + 1 * MS)
+    for i in range(a_requests):
+        policy.on_request(request(9 + i, "a", now + 1 * MS, slo_ms=100), now + 1 * MS)
     (first,) = infers(policy.schedule(now + 1 * MS))
     assert first.model == "slow"
     policy.on_result(ok(first.action_id, 0, now + 1 * MS, now + 31 * MS), now + 31 * MS)
@@ -479,6 +480,19 @@ def test_a_stranded_model_asks_for_one_replica_at_a_time() -> None:
         if isinstance(action, LoadWeights)
     ]
     assert sorted(load.model for load in loads) == ["a", "slow"]
+
+
+def test_a_stranded_burst_gets_the_replicas_it_needs() -> None:
+    # Twelve requests for a: one new replica serves a batch of 8 by the head's deadline, so a second
+    # is placed while the first loads (one at a time left a burst of one model to expire).
+    policy, now = stranded_behind_slow(idle_devices=3, a_requests=12)
+    loads = [
+        action
+        for t in range(now + 31 * MS, now + 60 * MS, MS // 10)
+        for action in policy.schedule(t).actions
+        if isinstance(action, LoadWeights)
+    ]
+    assert sorted(load.model for load in loads) == ["a", "a", "slow"]
 
 
 def backlog_on_three_holders(behind: int) -> list[Infer]:

@@ -88,7 +88,7 @@ def test_workers_on_a_ray_cluster_are_placed_and_replaced(
     server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", *args, env=env)
     stop = threading.Event()
     try:
-        server.wait_ready()
+        server.wait_ready(300)  # Ray places two workers; a machine busy with other work takes minutes
         wait_for(lambda: metric(server, "mainspring_devices") == 2, 120)  # a worker on each node
         assert len(actor_pids()) == 2
         answers: list[tuple[str, int]] = []

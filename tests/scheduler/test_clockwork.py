@@ -468,17 +468,22 @@ def test_a_request_stranded_behind_other_models_spills_to_an_idle_device() -> No
     assert all(at > 50 * MS for _, _, at in loads)  # not before half the SLO
 
 
+def loads_planned_every_tenth_ms(policy: ClockworkScheduler, begin: int, end: int) -> list[LoadWeights]:
+    """Scheduling passes every 0.1 ms, no result reported (the loads stay in flight)."""
+    return [
+        action
+        for t in range(begin, end, MS // 10)
+        for action in policy.schedule(t).actions
+        if isinstance(action, LoadWeights)
+    ]
+
+
 def test_a_stranded_model_asks_for_one_replica_at_a_time() -> None:
     # Three idle devices and passes every 0.1 ms while the loads are in flight: each stranded model
     # gets one new replica, not one per pass on every idle device (which evicted five models at once
     # for one resnet152 request on the Azure trace and delayed the loads others were waiting for).
     policy, now = stranded_behind_slow(idle_devices=3)
-    loads = [
-        action
-        for t in range(now + 31 * MS, now + 60 * MS, MS // 10)
-        for action in policy.schedule(t).actions
-        if isinstance(action, LoadWeights)
-    ]
+    loads = loads_planned_every_tenth_ms(policy, now + 31 * MS, now + 60 * MS)
     assert sorted(load.model for load in loads) == ["a", "slow"]
 
 
@@ -486,12 +491,7 @@ def test_a_stranded_burst_gets_the_replicas_it_needs() -> None:
     # Twelve requests for a: one new replica serves a batch of 8 by the head's deadline, so a second
     # is placed while the first loads (one at a time left a burst of one model to expire).
     policy, now = stranded_behind_slow(idle_devices=3, a_requests=12)
-    loads = [
-        action
-        for t in range(now + 31 * MS, now + 60 * MS, MS // 10)
-        for action in policy.schedule(t).actions
-        if isinstance(action, LoadWeights)
-    ]
+    loads = loads_planned_every_tenth_ms(policy, now + 31 * MS, now + 60 * MS)
     assert sorted(load.model for load in loads) == ["a", "a", "slow"]
 
 

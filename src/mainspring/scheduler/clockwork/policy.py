@@ -261,16 +261,14 @@ class ClockworkScheduler(PolicyBookkeeping):
     ) -> bool:
         """Can the holders still loading ``model`` serve its whole queue, one batch each, by the head's
         deadline? A single stranded request needs one new replica, a burst of one model may need more."""
-        room = 0
-        for device in holders:
-            if model not in device.loading:
-                continue
-            start = max(now_ns, device.exec_lane.free_ns, device.ready_ns[model])
-            for size, exec_ns in reversed(self.shapes.estimates(model, device.kind)[0]):
-                if start + exec_ns + self._margin_ns <= head.deadline_ns:
-                    room += size
-                    break
-        return room > 0 and room >= queue.count
+        room = sum(
+            self._largest_batch_by(
+                model, device.kind, max(now_ns, device.exec_lane.free_ns, device.ready_ns[model]), head.deadline_ns
+            )
+            for device in holders
+            if model in device.loading
+        )
+        return room >= queue.count  # a queue with a head holds at least one request
 
     def _close_if_empty(self, model: str) -> None:
         if self.queues.close_if_empty(model):
@@ -366,17 +364,21 @@ class ClockworkScheduler(PolicyBookkeeping):
         Room for one request is not enough: with many holders each would serve only its head, and
         a hot model's backlog would run in batches of one or two on every holder, the lanes full
         and the queue expiring (the Azure sample's x30 burst: 500-800 misses on 4 of 7 seeds)."""
-        margin = self._margin_ns
         room = 0
         for other in self.residency.holding(model):
             free = after_ns if other is device else max(start_ns, other.exec_lane.free_ns, other.ready_ns[model])
-            for size, exec_ns in reversed(self.shapes.estimates(model, other.kind)[0]):
-                if free + exec_ns + margin <= finish_by_ns:
-                    room += size
-                    break
+            room += self._largest_batch_by(model, other.kind, free, finish_by_ns)
             if room >= rest:
                 return True
         return False
+
+    def _largest_batch_by(self, model: str, kind: str, start_ns: int, finish_by_ns: int) -> int:
+        """The largest batch size of ``model`` that, started at ``start_ns``, ends (with the margin) by
+        ``finish_by_ns``; 0 if none does."""
+        for size, exec_ns in reversed(self.shapes.estimates(model, kind)[0]):
+            if start_ns + exec_ns + self._margin_ns <= finish_by_ns:
+                return size
+        return 0
 
     def _batch_within(
         self, device: DeviceState, queue: ModelQueue, head: Request, start_ns: int, finish_by_ns: int

@@ -51,6 +51,12 @@ def test_simulate_writes_table_json_plots_and_logs(tmp_path: Path, capsys: pytes
         (["--warmup-s", "-1"], "--warmup-s must not be negative"),
         (["--warmup-s", "30", "--trace-start-minute", "5"], "must be whole minutes, got 30"),
         (["--warmup-s", "60"], "the trace has no minute before 0"),
+        (["--clockwork", "estimate_percentile"], "--clockwork 'estimate_percentile': expected KEY=VALUE"),
+        (["--clockwork", "colour=red"], "--clockwork: unknown setting 'colour'"),
+        (["--clockwork", "estimate_window=many"], "estimate_window='many' is not an int"),
+        (["--clockwork", "estimate_percentile=120"], "estimate_percentile=120.0 must lie in (0, 100]"),
+        (["--clockwork", "deadline_margin_ms=3"], "'deadline_margin_ms' is not set here"),
+        (["--policy", "triton", "--clockwork", "lookahead=off"], "apply to policy clockwork, which --policy triton"),
     ],
 )
 def test_bad_flags_give_one_clear_line(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -82,6 +88,24 @@ def test_malformed_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         main([*SMALL, "--trace", str(trace)])
     assert "no 'minute_1'" in capsys.readouterr().err
+
+
+def test_clockwork_settings_change_the_clockwork_run_only(tmp_path: Path) -> None:
+    """``--clockwork max_batch_size=1``: clockwork runs no batch larger than one; triton, beside it, still batches."""
+    logs = tmp_path / "logs"
+    args = ["simulate", "--models", "4", "--devices", "1", "--workload", "poisson", "--rate", "1500"]
+    args += ["--duration-s", "2", "--quiet", "--policy", "clockwork,triton", "--log-dir", str(logs)]
+    assert main([*args, "--clockwork", "max_batch_size=1"]) == 0
+
+    def batch_sizes(policy: str) -> set[int]:
+        rows = (logs / f"{policy}-actions.tsv").read_text().splitlines()
+        column = rows[0].split("\t").index("batch_size")
+        return {int(r.split("\t")[column]) for r in rows[1:] if r.split("\t")[1] == "infer"}
+
+    assert batch_sizes("clockwork") == {1}
+    assert max(batch_sizes("triton")) > 1
+    assert main(args) == 0  # the defaults batch
+    assert max(batch_sizes("clockwork")) > 1
 
 
 def test_default_policy_is_clockwork(tmp_path: Path) -> None:

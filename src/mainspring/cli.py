@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mainspring.cli_bench import add_bench, run_bench
@@ -14,7 +14,8 @@ from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
 from mainspring.cli_workload import CliError, add_workload_arguments, workload_from
 from mainspring.models.profile import ModelProfile, builtin_profiles, load_profiles, model_copies
 from mainspring.protocol.pages import MIB
-from mainspring.scheduler.registry import DEFAULT_POLICY, parse_policies, policy_names
+from mainspring.scheduler.registry import DEFAULT_POLICY, SETTABLE, clockwork_config, parse_policies, policy_names
+from mainspring.settings import key_values
 from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
 from mainspring.telemetry.report import format_table
 from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
@@ -25,6 +26,12 @@ from mainspring.workload import Arrival, Workload
 def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("simulate", help="replay a workload on emulated devices, policies side by side")
     p.add_argument("--policy", default=DEFAULT_POLICY, help=f"comma-separated policies ({', '.join(policy_names())})")
+    p.add_argument(
+        "--clockwork",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a clockwork policy setting, e.g. estimate_percentile=90 (repeatable; docs/scheduler.md)",
+    )
     p.add_argument("--devices", type=int, default=6, help="emulated devices (default 6)")
     p.add_argument("--models", type=int, default=4026, help="model copies of the profiles (default 4026)")
     p.add_argument(
@@ -97,13 +104,18 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
 
 def _run_simulate(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policy)
+    clockwork = key_values(args.clockwork, "--clockwork")
+    if clockwork and not set(policies) & set(SETTABLE):
+        raise CliError(f"--clockwork settings apply to policy clockwork, which --policy {args.policy} leaves out")
+    clockwork_config(clockwork, "--clockwork")  # every setting checked before the first run
     config = _config(args)
     workload = workload_from(args)
     profiles = _profiles(args)
     arrivals = generate_arrivals(workload, profiles, config)
     results: dict[str, SimulationResult] = {}
     for policy in policies:
-        results[policy] = _simulate_with_progress(policy, profiles, workload, config, arrivals, args.quiet)
+        settings = clockwork if policy in SETTABLE else None
+        results[policy] = _simulate_with_progress(policy, profiles, workload, config, arrivals, args.quiet, settings)
     reports = [r.report for r in results.values()]
     print(format_table(reports))
     if args.json is not None:
@@ -126,6 +138,7 @@ def _simulate_with_progress(
     config: SimulationConfig,
     arrivals: list[Arrival],
     quiet: bool,
+    settings: Mapping[str, object] | None,
 ) -> SimulationResult:
     from tqdm import tqdm
 
@@ -135,7 +148,7 @@ def _simulate_with_progress(
         def advance(now_ns: int) -> None:
             bar.update(round(now_ns / NS_PER_S - bar.n, 1))
 
-        return simulate(policy, profiles, workload, config, arrivals, progress=advance)
+        return simulate(policy, profiles, workload, config, arrivals, progress=advance, settings=settings)
 
 
 def _run_analyze(args: argparse.Namespace) -> int:

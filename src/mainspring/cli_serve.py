@@ -28,6 +28,12 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument(
         "--deadline-margin-ms", type=float, help="plan batches to end this long before the deadline (default 1)"
     )
+    p.add_argument(
+        "--clockwork",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a clockwork policy setting, e.g. estimate_percentile=90 (repeatable; docs/serving.md)",
+    )
     p.add_argument("--devices", help="local devices, comma-separated (default: every CUDA GPU, else cpu)")
     p.add_argument("--pool-mib", type=int, help="weight pool per device in MiB")
     p.add_argument("--log-dir", help="write request and action logs (TSV) here, for `mainspring analyze`")
@@ -77,7 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "pin_cpu_workers",
         )
     }
-    return run_server(load_config(args.config, dict(os.environ), flags))
+    return run_server(load_config(args.config, dict(os.environ), flags, args.clockwork))
 
 
 def run_worker(args: argparse.Namespace) -> int:

@@ -75,6 +75,7 @@ class Server:
             max_outstanding_bytes=config.max_outstanding_mib * 1024 * 1024,
             max_loop_lag_ms=config.max_loop_lag_ms or None,
             log_dir=Path(config.log_dir).expanduser() if config.log_dir else None,
+            policy_settings=config.clockwork,
         )
         self.repo: ModelRepository | None = None
         self.hub = WorkerHub(

@@ -14,11 +14,14 @@ from typing import Any
 from mainspring.controller.service import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.frontend.limits import RequestLimits
 from mainspring.models.repository import ModelRepository
-from mainspring.scheduler.registry import DEFAULT_POLICY, policy_names
+from mainspring.scheduler.clockwork.config import NOT_A_POLICY_SETTING, ClockworkConfig
+from mainspring.scheduler.registry import DEFAULT_POLICY, SETTABLE, clockwork_config, policy_names
+from mainspring.settings import convert, dataclass_values, key_values
 
 log = logging.getLogger("mainspring.serve")
 
 ENV_PREFIX = "MAINSPRING_"
+CLOCKWORK_ENV_PREFIX = f"{ENV_PREFIX}CLOCKWORK_"  # MAINSPRING_CLOCKWORK_ESTIMATE_PERCENTILE=90
 DEFAULT_ZOO = ("resnet18", "mobilenetv2", "bert_tiny", "mlp")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -65,6 +68,9 @@ class ServeConfig:
     max_elements: int = RequestLimits.max_elements
     max_string_bytes: int = RequestLimits.max_string_bytes
     max_json_depth: int = RequestLimits.max_json_depth
+    # The clockwork policy's settings (``ClockworkConfig`` field: value), from the file's [clockwork]
+    # table, MAINSPRING_CLOCKWORK_* variables and --clockwork KEY=VALUE; defaults where not given.
+    clockwork: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         problems = []
@@ -87,6 +93,14 @@ class ServeConfig:
             problems.append(f"frontends={self.frontends} must not be negative (0: sized to the machine)")
         if self.max_restarts_per_minute < 0:
             problems.append(f"max_restarts_per_minute={self.max_restarts_per_minute} must not be negative")
+        if self.clockwork and self.policy not in SETTABLE:
+            named = ", ".join(self.clockwork)
+            problems.append(f"clockwork settings ({named}) apply to policy clockwork, not {self.policy!r}")
+        elif self.clockwork:
+            try:
+                clockwork_config(self.clockwork, "clockwork settings")
+            except ValueError as error:
+                problems.append(str(error))
         if self.auth_inference and not self.auth_token:
             problems.append("auth_inference needs auth_token to be set")
         try:
@@ -126,41 +140,41 @@ class ServeConfig:
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())] or ["cpu"]
 
 
-def load_config(file: Path | None, environ: dict[str, str], flags: dict[str, Any]) -> ServeConfig:
-    """Merge the sources; each value is converted to the field's type, with an error naming the source."""
+def load_config(
+    file: Path | None, environ: dict[str, str], flags: dict[str, Any], clockwork_flags: list[str] | None = None
+) -> ServeConfig:
+    """Merge the sources; each value is converted to the field's type, with an error naming the source.
+    ``clockwork_flags``: ``KEY=VALUE`` texts for the clockwork policy's settings."""
     values: dict[str, Any] = {}
-    known = {f.name: f for f in fields(ServeConfig)}
+    clockwork: dict[str, Any] = {}
+    known = {f.name: f for f in fields(ServeConfig) if f.name != "clockwork"}
     if file is not None:
         try:
             document = tomllib.loads(file.read_text())
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise ValueError(f"cannot read config file {file}: {error}") from None
+        clockwork.update(_clockwork_values(document.pop("clockwork", {}), f"config file {file} [clockwork]"))
         section = document.get("serve", document)
         for key, value in section.items():
             values[_field(key, known, f"config file {file}")] = value
     for key, value in environ.items():
-        if key.startswith(ENV_PREFIX) and key != f"{ENV_PREFIX}HOME":
+        if key.startswith(CLOCKWORK_ENV_PREFIX):
+            name = key[len(CLOCKWORK_ENV_PREFIX) :].lower()
+            clockwork.update(_clockwork_values({name: value}, f"environment variable {key}"))
+        elif key.startswith(ENV_PREFIX) and key != f"{ENV_PREFIX}HOME":
             values[_field(key[len(ENV_PREFIX) :].lower(), known, f"environment variable {key}")] = value
+    for text in clockwork_flags or []:
+        clockwork.update(_clockwork_values(key_values([text], "--clockwork"), f"--clockwork {text}"))
     values.update({k: v for k, v in flags.items() if v is not None})
-    converted: dict[str, Any] = {}
-    for key, value in values.items():
-        kind = type(getattr(ServeConfig(), key))
-        try:
-            converted[key] = _boolean(value) if kind is bool else kind(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"setting {key}={value!r} is not a {kind.__name__}") from None
-    return replace(ServeConfig(), **converted)
+    hints = {name: type(getattr(ServeConfig(), name)) for name in values}
+    converted = {key: convert(key, value, hints[key]) for key, value in values.items()}
+    return replace(ServeConfig(), **converted, clockwork=clockwork)
 
 
-def _boolean(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
+def _clockwork_values(table: object, where: str) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: expected a table of settings, got {table!r}")
+    return dataclass_values(ClockworkConfig, table, where, NOT_A_POLICY_SETTING)
 
 
 def _field(key: str, known: dict[str, Any], where: str) -> str:

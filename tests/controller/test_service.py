@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,10 +20,10 @@ from tests.fakes import profile
 
 
 def with_service(
-    test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]], **limits: float
+    test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]], **options: Any
 ) -> None:
     async def scenario() -> None:
-        service = ControllerService(default_slo_ms=500, **limits)
+        service = ControllerService(default_slo_ms=500, **options)
         profiles = {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in ("a", "b")}
         specs = [DeviceSpec(0, "v100"), DeviceSpec(1, "v100")]
         handle = InProcessWorker(
@@ -68,6 +69,18 @@ def test_the_samples_of_one_request_are_planned_together_as_one_batch() -> None:
         assert (await plane.model_stats("a"))["model_stats"][0]["execution_count"] == before + 1
 
     with_service(test)
+
+
+def test_clockwork_settings_reach_the_live_policy() -> None:
+    """``serve --clockwork max_batch_size=1``: the four samples of one request run as four batches."""
+
+    async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
+        await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})
+        before = (await plane.model_stats("a"))["model_stats"][0]["execution_count"]
+        await plane.infer("a", None, [tensor(np.ones((4, 3), np.float32))], None, {})
+        assert (await plane.model_stats("a"))["model_stats"][0]["execution_count"] == before + 4
+
+    with_service(test, policy_settings={"max_batch_size": 1})
 
 
 def test_errors_of_the_data_plane() -> None:

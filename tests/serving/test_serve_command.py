@@ -28,10 +28,40 @@ def test_settings_come_from_file_then_environment_then_flags(tmp_path: Path) -> 
     assert load_config(None, {}, {}) == ServeConfig()
 
 
+def test_clockwork_settings_come_from_its_table_then_environment_then_flags(tmp_path: Path) -> None:
+    file = tmp_path / "serve.toml"
+    file.write_text("[serve]\nslo_ms = 50\n[clockwork]\nestimate_percentile = 95\nestimate_window = 20\n")
+    env = {"MAINSPRING_CLOCKWORK_ESTIMATE_WINDOW": "30", "MAINSPRING_CLOCKWORK_SPILL_AFTER": "none"}
+    config = load_config(file, env, {}, ["estimate_percentile=90", "lookahead=off"])
+    assert config.slo_ms == 50.0
+    expected = {"estimate_percentile": 90.0, "estimate_window": 30, "spill_after": None, "lookahead": False}
+    assert config.clockwork == expected
+    top_level = tmp_path / "top.toml"  # no [serve] table: top-level keys, and [clockwork] beside them
+    top_level.write_text("slo_ms = 40\n[clockwork]\nhorizon_ms = 2\n")
+    assert load_config(top_level, {}, {}).clockwork == {"horizon_ms": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "message"),
+    [
+        ({"MAINSPRING_CLOCKWORK_COLOUR": "red"}, [], "MAINSPRING_CLOCKWORK_COLOUR: unknown setting 'colour'"),
+        ({"MAINSPRING_CLOCKWORK_ESTIMATE_WINDOW": "2.5"}, [], "estimate_window='2.5' is not an int"),
+        ({}, ["lookahead=maybe"], "--clockwork lookahead=maybe: setting lookahead='maybe' is not a bool"),
+        ({}, ["estimate_percentile"], "--clockwork 'estimate_percentile': expected KEY=VALUE"),
+        ({}, ["min_share=3"], "min_share=3.0 must lie in (0, 1]"),
+        ({}, ["deadline_margin_ms=2"], "is not set here: the server's deadline_margin_ms"),
+        ({"MAINSPRING_POLICY": "triton"}, ["lookahead=off"], "apply to policy clockwork, not 'triton'"),
+    ],
+)
+def test_bad_clockwork_settings_name_the_setting_and_where(env: dict[str, str], flags: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load_config(None, env, {}, flags)
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"MAINSPRING_HTTP_PORT": "eighty"}, "http_port='eighty' is not a int"),
+        ({"MAINSPRING_HTTP_PORT": "eighty"}, "http_port='eighty' is not an int"),
         ({"MAINSPRING_POLICY": "fifo"}, "policy='fifo' is not one of"),
         ({"MAINSPRING_COLOUR": "red"}, "environment variable MAINSPRING_COLOUR: unknown setting 'colour'"),
         ({"MAINSPRING_WORKERS": "ray"}, "workers='ray' must be 'local' or 'tcp'"),

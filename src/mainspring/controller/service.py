@@ -14,7 +14,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,7 @@ class ControllerService:
         max_outstanding_bytes: int = 2 * 1024**3,
         log_dir: Path | None = None,
         max_loop_lag_ms: float | None = None,
+        policy_settings: Mapping[str, object] | None = None,
     ) -> None:
         self.clock = WallClock()
         self.watchdog_grace_s = watchdog_grace_s  # beyond an action's window and twice its expected duration
@@ -109,7 +110,8 @@ class ControllerService:
         self._bytes_of: dict[int, int] = {}
         self.policy_name = policy
         self.default_slo_ns = round(default_slo_ms * 1e6)
-        scheduler = make_scheduler(policy, {}, [], random.Random(seed), round(deadline_margin_ms * 1e6))
+        margin_ns = round(deadline_margin_ms * 1e6)
+        scheduler = make_scheduler(policy, {}, [], random.Random(seed), margin_ns, policy_settings, "policy settings")
         if not isinstance(scheduler, Membership):
             raise ValueError(f"policy {policy!r} cannot serve live: devices and models must be able to come and go")
         self._membership: Membership = scheduler

@@ -16,16 +16,19 @@ from mainspring.scheduler.infer4 import Infer4Scheduler
 
 # profiles, devices, seeded generator, deadline margin (ns: the result's trip back to the client)
 SchedulerFactory = Callable[[Mapping[str, ModelProfile], Sequence[DeviceSpec], random.Random, int], Scheduler]
+# Policies whose settings a user may change (``serve``'s ``[clockwork]`` table, ``simulate --clockwork``).
+SETTABLE = ("clockwork",)
 
 
-def _clockwork(
-    profiles: Mapping[str, ModelProfile], devices: Sequence[DeviceSpec], rng: random.Random, margin_ns: int
-) -> Scheduler:
-    return ClockworkScheduler(profiles, devices, ClockworkConfig(deadline_margin_ms=margin_ns / 1e6), rng)
+def clockwork_config(settings: Mapping[str, object], where: str, margin_ns: int = 0) -> ClockworkConfig:
+    """The clockwork policy's config with a user's ``settings``, each checked (errors name ``where``)."""
+    return ClockworkConfig(deadline_margin_ms=margin_ns / 1e6).with_settings(settings, where)
 
 
 _FACTORIES: dict[str, SchedulerFactory] = {
-    "clockwork": _clockwork,
+    "clockwork": lambda profiles, devices, rng, margin_ns: ClockworkScheduler(
+        profiles, devices, clockwork_config({}, "", margin_ns), rng
+    ),
     # INFER4 keeps its own 5 ms buffer before every deadline; the baselines plan no deadlines.
     "infer4": lambda profiles, devices, rng, margin_ns: Infer4Scheduler(profiles, devices, rng),
     "triton": lambda profiles, devices, rng, margin_ns: TritonScheduler(profiles, devices, ReactiveConfig()),
@@ -58,9 +61,16 @@ def make_scheduler(
     devices: Sequence[DeviceSpec],
     rng: random.Random,
     deadline_margin_ns: int = 0,
+    settings: Mapping[str, object] | None = None,
+    where: str = "policy settings",
 ) -> Scheduler:
+    """Policy ``name``; ``settings`` (field: value) change the clockwork policy's defaults."""
     try:
         factory = _FACTORIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(_FACTORIES)}") from None
+    if settings:
+        if name not in SETTABLE:
+            raise ValueError(f"{where}: policy {name!r} takes no settings (only {', '.join(SETTABLE)} does)")
+        return ClockworkScheduler(profiles, devices, clockwork_config(settings, where, deadline_margin_ns), rng)
     return factory(profiles, devices, rng, deadline_margin_ns)

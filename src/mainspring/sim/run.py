@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -87,6 +87,7 @@ class _Run:
         workload: Workload,
         config: SimulationConfig,
         wrap: SchedulerWrapper | None = None,
+        settings: Mapping[str, object] | None = None,
     ) -> None:
         self.loop = EventLoop()
         self.config = config
@@ -102,7 +103,8 @@ class _Run:
         ]
         rng = random.Random(_seed(config.seed, "scheduler"))
         # The margin covers the result's trip back, so that a batch planned to end on time is answered on time.
-        scheduler: Scheduler = make_scheduler(policy, by_name, specs, rng, deadline_margin_ns=config.network_latency_ns)
+        margin_ns = config.network_latency_ns
+        scheduler: Scheduler = make_scheduler(policy, by_name, specs, rng, margin_ns, settings, "--clockwork")
         self.timed = TimedScheduler(scheduler)  # what a controller core pays for this policy, in every report
         scheduler = self.timed if wrap is None else wrap(self.timed)
         links = {d.spec.device: self._link(d) for d in self.devices}
@@ -194,10 +196,12 @@ def simulate(
     arrivals: Iterable[Arrival] | None = None,
     progress: ProgressHook | None = None,
     wrap: SchedulerWrapper | None = None,
+    settings: Mapping[str, object] | None = None,
 ) -> SimulationResult:
-    """Run ``policy`` on ``arrivals`` (default: generated from ``workload``) and report."""
+    """Run ``policy`` on ``arrivals`` (default: generated from ``workload``) and report; ``settings``
+    change the clockwork policy's defaults (``ClockworkConfig`` field: value)."""
     started = time.perf_counter()
-    run = _Run(policy, profiles, workload, config, wrap)
+    run = _Run(policy, profiles, workload, config, wrap, settings)
     run.start(arrivals if arrivals is not None else generate_arrivals(workload, profiles, config))
     limit = config.arrival_window_ns + config.drain_ns
     step = NS_PER_S

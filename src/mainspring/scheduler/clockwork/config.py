@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
+from mainspring.settings import dataclass_values
 from mainspring.time import ms_to_ns
+
+# Set by whoever runs the policy, not by the policy's own settings.
+NOT_A_POLICY_SETTING = {
+    "deadline_margin_ms": "the server's deadline_margin_ms (the simulator: its network latency)",
+}
 
 
 @dataclass(frozen=True)
@@ -93,10 +100,27 @@ class ClockworkConfig:
             problems.append(f"spill_after={self.spill_after} must lie in (0, 1) (or None)")
         if self.probe_after_ms is not None and self.probe_after_ms <= 0:
             problems.append(f"probe_after_ms={self.probe_after_ms} must be positive (or None)")
+        if self.estimate_window < 1:
+            problems.append(f"estimate_window={self.estimate_window} must be at least 1")
+        if not 0 < self.estimate_percentile <= 100:
+            problems.append(f"estimate_percentile={self.estimate_percentile} must lie in (0, 100]")
+        if self.replication_check_ms < 0:
+            problems.append(f"replication_check_ms={self.replication_check_ms} must not be negative")
+        if not 0 < self.max_batch_slo_fraction <= 1:
+            problems.append(f"max_batch_slo_fraction={self.max_batch_slo_fraction} must lie in (0, 1]")
         if self.max_batch_size < 1:
             problems.append(f"max_batch_size={self.max_batch_size} must be at least 1")
         if problems:
             raise ValueError("bad clockwork config: " + "; ".join(problems))
+
+    def with_settings(self, settings: Mapping[str, object], where: str) -> ClockworkConfig:
+        """This config with ``settings`` (field names; text or TOML values) applied, each checked
+        with an error naming it and ``where`` (e.g. ``config file serve.toml [clockwork]``)."""
+        values = dataclass_values(ClockworkConfig, settings, where, NOT_A_POLICY_SETTING)
+        try:
+            return replace(self, **values)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
 
     @property
     def horizon_ns(self) -> int:

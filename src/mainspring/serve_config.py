@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from mainspring.frontend.limits import RequestLimits
 from mainspring.models.repository import ModelRepository
 from mainspring.scheduler.clockwork.config import NOT_A_POLICY_SETTING, ClockworkConfig
 from mainspring.scheduler.registry import DEFAULT_POLICY, SETTABLE, clockwork_config, policy_names
-from mainspring.settings import convert, dataclass_values, key_values
+from mainspring.settings import dataclass_values, key_values
 
 log = logging.getLogger("mainspring.serve")
 
@@ -147,41 +148,34 @@ def load_config(
     ``clockwork_flags``: ``KEY=VALUE`` texts for the clockwork policy's settings."""
     values: dict[str, Any] = {}
     clockwork: dict[str, Any] = {}
-    known = {f.name: f for f in fields(ServeConfig) if f.name != "clockwork"}
     if file is not None:
         try:
             document = tomllib.loads(file.read_text())
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise ValueError(f"cannot read config file {file}: {error}") from None
         clockwork.update(_clockwork_values(document.pop("clockwork", {}), f"config file {file} [clockwork]"))
-        section = document.get("serve", document)
-        for key, value in section.items():
-            values[_field(key, known, f"config file {file}")] = value
+        values.update(_serve_values(document.get("serve", document), f"config file {file}"))
     for key, value in environ.items():
         if key.startswith(CLOCKWORK_ENV_PREFIX):
             name = key[len(CLOCKWORK_ENV_PREFIX) :].lower()
             clockwork.update(_clockwork_values({name: value}, f"environment variable {key}"))
         elif key.startswith(ENV_PREFIX) and key != f"{ENV_PREFIX}HOME":
-            values[_field(key[len(ENV_PREFIX) :].lower(), known, f"environment variable {key}")] = value
+            values.update(_serve_values({key[len(ENV_PREFIX) :].lower(): value}, f"environment variable {key}"))
     for text in clockwork_flags or []:
         clockwork.update(_clockwork_values(key_values([text], "--clockwork"), f"--clockwork {text}"))
-    values.update({k: v for k, v in flags.items() if v is not None})
-    hints = {name: type(getattr(ServeConfig(), name)) for name in values}
-    converted = {key: convert(key, value, hints[key]) for key, value in values.items()}
-    return replace(ServeConfig(), **converted, clockwork=clockwork)
+    values.update(_serve_values({k: v for k, v in flags.items() if v is not None}, "flags"))
+    return replace(ServeConfig(), **values, clockwork=clockwork)
+
+
+def _serve_values(table: Mapping[str, object], where: str) -> dict[str, Any]:
+    refused = {"clockwork": "the [clockwork] table, MAINSPRING_CLOCKWORK_<NAME> or --clockwork NAME=VALUE"}
+    return dataclass_values(ServeConfig, table, where, refused)
 
 
 def _clockwork_values(table: object, where: str) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise ValueError(f"{where}: expected a table of settings, got {table!r}")
     return dataclass_values(ClockworkConfig, table, where, NOT_A_POLICY_SETTING)
-
-
-def _field(key: str, known: dict[str, Any], where: str) -> str:
-    name = key.replace("-", "_")
-    if name not in known:
-        raise ValueError(f"{where}: unknown setting {key!r}; known: {', '.join(known)}")
-    return name
 
 
 def ensure_repository(config: ServeConfig) -> ModelRepository:

@@ -34,10 +34,10 @@ def convert(key: str, value: object, hint: Any) -> Any:
             return None
         if kind is bool:
             return parse_bool(value)
-        if kind is int and (isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())):
-            raise ValueError(value)
         if kind in (int, float) and isinstance(value, bool):
-            raise ValueError(value)
+            raise ValueError(value)  # TOML's true is no number
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)  # int() would drop the fraction
         return kind(value)
     except (TypeError, ValueError):
         wanted = ("an " if kind is int else "a ") + kind.__name__ + (" or none" if optional else "")

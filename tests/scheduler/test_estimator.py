@@ -28,6 +28,21 @@ def test_seeded_from_the_profile_then_learns_per_model() -> None:
     assert estimator.exec_ns("a", 1, "other-kind") == 2_000_000
 
 
+def test_a_kind_with_its_own_percentile_discounts_one_spike() -> None:
+    """A CPU worker's one interference spike in ten runs sets a GPU kind's p99 (the largest of ten),
+    not the CPU kind's p90 (the second largest); loads and the kind's borrowed ratio follow the same rule."""
+    estimator = Estimator(PROFILES, kind_percentiles={"cpu": 90.0})
+    runs = [2_000_000] * 8 + [2_400_000, 9_000_000]  # one stall among ten
+    for kind in ("cpu", "v100"):
+        for measured in runs:
+            estimator.observe_exec("a", 1, kind, measured, at_ns=0)
+            estimator.observe_load("a", kind, measured * 5 // 2, at_ns=0)
+    assert estimator.exec_ns("a", 1, "cpu") == 2_400_000 and estimator.exec_ns("a", 1, "v100") == 9_000_000
+    assert estimator.load_ns("a", "cpu") == 6_000_000 and estimator.load_ns("a", "v100") == 22_500_000
+    # "b" never ran: its profile (2 ms) times the kind's ratio of measured to profiled, at the kind's percentile
+    assert estimator.exec_ns("b", 1, "cpu") == 2_400_000 and estimator.exec_ns("b", 1, "v100") == 9_000_000
+
+
 def test_rarely_run_models_borrow_the_device_kinds_ratio() -> None:
     estimator = Estimator(PROFILES)
     for _ in range(10):

@@ -82,12 +82,16 @@ class Estimator:
         percentile: float = 99.0,
         borrow_kind_ratio: bool = True,
         max_age_ns: int | None = None,
+        kind_percentiles: Mapping[str, float] | None = None,
     ) -> None:
-        if window < 1 or not 0 < percentile <= 100 or (max_age_ns is not None and max_age_ns <= 0):
+        kind_percentiles = dict(kind_percentiles or {})
+        percentiles = [percentile, *kind_percentiles.values()]
+        if window < 1 or not all(0 < p <= 100 for p in percentiles) or (max_age_ns is not None and max_age_ns <= 0):
             raise ValueError(f"bad estimator settings: window={window}, percentile={percentile}, max age {max_age_ns}")
         self._profiles = profiles
         self._window = window
         self._percentile = percentile
+        self._kind_percentiles = kind_percentiles  # device kinds estimated at their own percentile
         self._borrow = borrow_kind_ratio  # False: Clockwork's own estimator (profile until measured)
         self._exec: dict[tuple[str, int, str], RollingPercentile] = {}
         self._load: dict[tuple[str, str], RollingPercentile] = {}
@@ -109,17 +113,20 @@ class Estimator:
         for load_key in [k for k in self._load if k[0] == model]:
             del self._load[load_key]
 
-    def _entry(self, table: dict[_K, RollingPercentile], key: _K, profiled: int) -> RollingPercentile:
+    def _entry(self, table: dict[_K, RollingPercentile], key: _K, kind: str, profiled: int) -> RollingPercentile:
         entry = table.get(key)
         if entry is None:
-            entry = table[key] = RollingPercentile(profiled, self._window, self._percentile)
+            entry = table[key] = RollingPercentile(profiled, self._window, self._percentile_of(kind))
         return entry
 
     def _ratio(self, table: dict[str, RollingPercentile], kind: str) -> RollingPercentile:
         entry = table.get(kind)
         if entry is None:
-            entry = table[kind] = RollingPercentile(PPM, KIND_WINDOW, self._percentile)
+            entry = table[kind] = RollingPercentile(PPM, KIND_WINDOW, self._percentile_of(kind))
         return entry
+
+    def _percentile_of(self, kind: str) -> float:
+        return self._kind_percentiles.get(kind, self._percentile)
 
     def _estimate(self, entry: RollingPercentile | None, ratio: RollingPercentile | None, profiled: int) -> int:
         if entry is not None and (entry.full or (entry.count and not self._borrow)):
@@ -157,19 +164,20 @@ class Estimator:
 
     def observe_exec(self, model: str, batch_size: int, kind: str, measured_ns: int, at_ns: int) -> None:
         profiled = self._profiles[model].exec_ns[batch_size]
-        self._add(self._entry(self._exec, (model, batch_size, kind), profiled), measured_ns, at_ns, True, (model, kind))
+        entry = self._entry(self._exec, (model, batch_size, kind), kind, profiled)
+        self._add(entry, measured_ns, at_ns, True, (model, kind))
         self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False, kind)
 
     def observe_load(self, model: str, kind: str, measured_ns: int, at_ns: int) -> None:
         profiled = self._profiles[model].load_ns
-        self._add(self._entry(self._load, (model, kind), profiled), measured_ns, at_ns, True, None)
+        self._add(self._entry(self._load, (model, kind), kind, profiled), measured_ns, at_ns, True, None)
         self._add(self._ratio(self._load_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False, None)
 
     def restart_exec(self, model: str, batch_size: int, kind: str, measured_ns: int, at_ns: int) -> None:
         """A probe's measurement replaces the window: the whole window, so that neither older values
         nor the kind's ratio (which lifts windows not yet full) keep the estimate that refused it."""
         profiled = self._profiles[model].exec_ns[batch_size]
-        entry = self._entry(self._exec, (model, batch_size, kind), profiled)
+        entry = self._entry(self._exec, (model, batch_size, kind), kind, profiled)
         entry.clear()
         for _ in range(self._window):
             self._add(entry, measured_ns, at_ns, True, (model, kind))

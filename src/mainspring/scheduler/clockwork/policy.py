@@ -90,7 +90,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         self.rng = rng or random.Random(0)
         max_age = None if config.estimate_max_age_s is None else ms_to_ns(config.estimate_max_age_s * 1000)
         window, percentile = config.estimate_window, config.estimate_percentile
-        self.estimator = Estimator(self.profiles, window, percentile, max_age_ns=max_age)
+        cpu = {"cpu": config.estimate_percentile_cpu}
+        self.estimator = Estimator(self.profiles, window, percentile, max_age_ns=max_age, kind_percentiles=cpu)
         self.shapes = BatchShapes(self.profiles, self.estimator, config.max_batch_size, config.monotone_estimates)
         self.residency = Residency(list(devices), ms_to_ns(config.rate_memory_ms))
         self.queues = RequestQueues()

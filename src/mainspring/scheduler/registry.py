@@ -25,10 +25,14 @@ def clockwork_config(settings: Mapping[str, object], where: str, margin_ns: int 
     return ClockworkConfig(deadline_margin_ms=margin_ns / 1e6).with_settings(settings, where)
 
 
+def _clockwork(settings: Mapping[str, object] | None = None, where: str = "") -> SchedulerFactory:
+    return lambda profiles, devices, rng, margin_ns: ClockworkScheduler(
+        profiles, devices, clockwork_config(settings or {}, where, margin_ns), rng
+    )
+
+
 _FACTORIES: dict[str, SchedulerFactory] = {
-    "clockwork": lambda profiles, devices, rng, margin_ns: ClockworkScheduler(
-        profiles, devices, clockwork_config({}, "", margin_ns), rng
-    ),
+    "clockwork": _clockwork(),
     # INFER4 keeps its own 5 ms buffer before every deadline; the baselines plan no deadlines.
     "infer4": lambda profiles, devices, rng, margin_ns: Infer4Scheduler(profiles, devices, rng),
     "triton": lambda profiles, devices, rng, margin_ns: TritonScheduler(profiles, devices, ReactiveConfig()),
@@ -72,5 +76,5 @@ def make_scheduler(
     if settings:
         if name not in SETTABLE:
             raise ValueError(f"{where}: policy {name!r} takes no settings (only {', '.join(SETTABLE)} does)")
-        return ClockworkScheduler(profiles, devices, clockwork_config(settings, where, deadline_margin_ns), rng)
+        factory = _clockwork(settings, where)
     return factory(profiles, devices, rng, deadline_margin_ns)

@@ -18,7 +18,7 @@ run: $(STAMP)
 	$(BIN)/mainspring serve
 
 simulate: $(STAMP)
-	$(BIN)/mainspring simulate --policy clockwork,triton,clipper --trace-scale 10 --duration-s 300
+	$(BIN)/mainspring simulate
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mainspring.cli import main
+from mainspring.cli import build_parser, main
+from mainspring.cli_workload import duration_s
+from mainspring.scheduler.registry import parse_policies
 
 SMALL = ["simulate", "--models", "200", "--devices", "2", "--duration-s", "20", "--trace-scale", "20", "--quiet"]
 
@@ -108,11 +110,18 @@ def test_clockwork_settings_change_the_clockwork_run_only(tmp_path: Path) -> Non
     assert max(batch_sizes("clockwork")) > 1
 
 
-def test_default_policy_is_clockwork(tmp_path: Path) -> None:
+def test_a_bare_simulate_shows_clockwork_beside_the_reactive_baselines(tmp_path: Path) -> None:
+    """What a newcomer sees: the three policies side by side on the bundled trace at x10 for five
+    minutes (only the length is cut here); other workloads keep a minute."""
+    args = build_parser().parse_args(["simulate"])
+    assert parse_policies(args.policy) == ["clockwork", "triton", "clipper"]
+    assert (args.workload, args.trace_scale, duration_s(args)) == ("azure", 10.0, 300.0)
+    assert duration_s(build_parser().parse_args(["simulate", "--workload", "poisson"])) == 60.0
+    assert duration_s(build_parser().parse_args(["bench"])) == 60.0
     assert main([*SMALL, "--json", str(tmp_path / "r.json")]) == 0
-    (result,) = json.loads((tmp_path / "r.json").read_text())["results"]
-    assert result["policy"] == "clockwork"
-    assert result["slo_attainment"] > 0.99
+    results = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert [r["policy"] for r in results] == ["clockwork", "triton", "clipper"]
+    assert results[0]["slo_attainment"] > 0.99
 
 
 def test_console_script_runs() -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 from mainspring.cli_bench import add_bench, run_bench
 from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
 from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
-from mainspring.cli_workload import CliError, add_workload_arguments, workload_from
+from mainspring.cli_workload import CliError, add_workload_arguments, duration_s, workload_from
 from mainspring.models.profile import ModelProfile, builtin_profiles, load_profiles, model_copies
 from mainspring.protocol.pages import MIB
-from mainspring.scheduler.registry import DEFAULT_POLICY, SETTABLE, clockwork_config, parse_policies, policy_names
+from mainspring.scheduler.registry import SETTABLE, clockwork_config, parse_policies, policy_names
 from mainspring.settings import key_values
 from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
 from mainspring.telemetry.report import format_table
@@ -22,10 +22,18 @@ from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
 from mainspring.worker.runtimes.emulated import NoiseModel
 from mainspring.workload import Arrival, Workload
 
+# What a bare ``mainspring simulate`` shows: the predictive policy beside the reactive baselines, on
+# the bundled trace at x10 for five minutes (its bursts come after minute 3); 30 s here.
+SIMULATE_POLICIES = "clockwork,triton,clipper"
+
 
 def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("simulate", help="replay a workload on emulated devices, policies side by side")
-    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"comma-separated policies ({', '.join(policy_names())})")
+    p.add_argument(
+        "--policy",
+        default=SIMULATE_POLICIES,
+        help=f"comma-separated policies ({', '.join(policy_names())}; default {SIMULATE_POLICIES})",
+    )
     p.add_argument(
         "--clockwork",
         action="append",
@@ -37,7 +45,7 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument(
         "--profiles", type=Path, help="profile file or profiled model repository (default: Clockwork's V100 profiles)"
     )
-    add_workload_arguments(p, default="azure", rate=1000.0)
+    add_workload_arguments(p, default="azure", rate=1000.0, trace_scale=10.0, azure_duration_s=300.0)
     p.add_argument(
         "--warmup-s",
         type=float,
@@ -84,14 +92,15 @@ def _profiles(args: argparse.Namespace) -> list[ModelProfile]:
 
 
 def _config(args: argparse.Namespace) -> SimulationConfig:
-    if args.duration_s <= 0:
-        raise CliError(f"--duration-s must be positive, got {args.duration_s}")
+    seconds = duration_s(args)
+    if seconds <= 0:
+        raise CliError(f"--duration-s must be positive, got {seconds:g}")
     if args.slo_ms <= 0:
         raise CliError(f"--slo-ms must be positive, got {args.slo_ms}")
     if args.warmup_s < 0:
         raise CliError(f"--warmup-s must not be negative, got {args.warmup_s}")
     return SimulationConfig(
-        duration_ns=s_to_ns(args.duration_s),
+        duration_ns=s_to_ns(seconds),
         warmup_ns=s_to_ns(args.warmup_s),
         devices=args.devices,
         pool_bytes=int(args.device_memory_gib * 1024 * MIB),

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mainspring.cli_workload import CliError, add_workload_arguments, workload_from
+from mainspring.cli_workload import CliError, add_workload_arguments, duration_s, workload_from
 from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
 
 
@@ -28,7 +28,7 @@ def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    if args.duration_s <= 0 or args.slo_ms <= 0:
+    if duration_s(args) <= 0 or args.slo_ms <= 0:
         raise CliError("--duration-s and --slo-ms must be positive")
     report = asyncio.run(_bench(args))
     from mainspring.bench.report import format_report
@@ -63,7 +63,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         # The workloads draw models from profiles; only names matter to them here.
         profiles = [ModelProfile(m, "live", 1, 1, {1: 1}) for m in models]
         workload = workload_from(args)
-        duration = s_to_ns(args.duration_s)
+        duration = s_to_ns(duration_s(args))
         arrivals = workload.arrivals(profiles, duration, random.Random(args.seed))
 
         def progress(now_ns: int, answered: int) -> None:
@@ -84,7 +84,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         write_plots({url: as_recorder(result.sent)}, args.plot, args.slo_ms)
     report = build(result)
     report["settings"] = {"url": url, "protocol": args.protocol, "models": models, "workload": workload.describe(),
-                          "duration_s": args.duration_s, "slo_ms": args.slo_ms, "seed": args.seed}  # fmt: skip
+                          "duration_s": duration_s(args), "slo_ms": args.slo_ms, "seed": args.seed}  # fmt: skip
     return report
 
 

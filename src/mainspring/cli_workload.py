@@ -8,16 +8,26 @@ from pathlib import Path
 from mainspring.workload import AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, SloSweep, Workload
 
 WORKLOADS = ("azure", "poisson", "bursty", "closed", "slo-sweep")
+DEFAULT_DURATION_S = 60.0
 
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-def add_workload_arguments(p: argparse.ArgumentParser, default: str, rate: float) -> None:
+def add_workload_arguments(
+    p: argparse.ArgumentParser,
+    default: str,
+    rate: float,
+    trace_scale: float = 1.0,
+    azure_duration_s: float = DEFAULT_DURATION_S,
+) -> None:
+    """The shared options; ``azure_duration_s`` is the replay's default length (other workloads: 60 s)."""
     p.add_argument("--workload", default=default, help=f"one of {', '.join(WORKLOADS)} (default {default})")
     p.add_argument("--trace", type=Path, help="Azure Functions trace CSV (default: the bundled sample)")
-    p.add_argument("--trace-scale", type=float, default=1.0, help="multiply trace invocations (default 1)")
+    p.add_argument(
+        "--trace-scale", type=float, default=trace_scale, help=f"multiply trace invocations (default {trace_scale:g})"
+    )
     p.add_argument("--trace-start-minute", type=int, default=0, help="first minute of the trace to replay")
     p.add_argument(
         "--rate",
@@ -30,9 +40,20 @@ def add_workload_arguments(p: argparse.ArgumentParser, default: str, rate: float
     p.add_argument("--outstanding", type=int, default=1, help="closed loop: requests in flight per client")
     p.add_argument("--sweep-growth", type=float, default=1.5, help="slo-sweep: SLO factor growth per step")
     p.add_argument("--sweep-interval-s", type=float, default=10.0, help="slo-sweep: seconds per step")
-    p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals (default 60)")
+    duration_help = f"seconds of arrivals (default {DEFAULT_DURATION_S:g})"
+    if azure_duration_s != DEFAULT_DURATION_S:
+        duration_help = f"seconds of arrivals (default {azure_duration_s:g} for azure, else {DEFAULT_DURATION_S:g})"
+    p.add_argument("--duration-s", type=float, help=duration_help)
+    p.set_defaults(azure_duration_s=azure_duration_s)
     p.add_argument("--slo-ms", type=float, default=100.0, help="default SLO (default 100 ms)")
     p.add_argument("--seed", type=int, default=1)
+
+
+def duration_s(args: argparse.Namespace) -> float:
+    """``--duration-s``, or the default for the chosen workload."""
+    if args.duration_s is not None:
+        return float(args.duration_s)
+    return float(args.azure_duration_s) if args.workload == "azure" else DEFAULT_DURATION_S
 
 
 def _replay_start_minute(args: argparse.Namespace) -> int:

@@ -135,7 +135,9 @@ class MembershipMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.devices) > 0)
     @rule(data=st.data())
     def remove_device(self, data: st.DataObject) -> None:
-        device = data.draw(st.sampled_from(sorted(self.devices)))
+        self.drop_device(data.draw(st.sampled_from(sorted(self.devices))))
+
+    def drop_device(self, device: int) -> None:
         del self.devices[device]  # its results never come
         self.members.remove_device(device, self.now)
         self.step()
@@ -199,3 +201,21 @@ def test_infer4_a_load_for_a_removed_model_does_not_count_for_its_next_residency
     state.arrive(model="b", slo_ms=5)
     state.advance(ms=1)
     state.teardown()
+
+
+def test_a_reactive_policy_uses_the_copy_a_rejoining_worker_holds() -> None:
+    """Found by this machine on a CI run (triton and clipper alike): device 3 rejoins holding ``c`` and
+    ``d`` while their placements point at devices that then leave. The policy loaded ``d`` again on
+    device 3, counting its pages twice, and then found no room for ``c``: its request was never answered."""
+    for policy in ("triton", "clipper"):
+        state = _machine(policy)()
+        state.add_or_remove_model(model="c")
+        state.add_or_remove_model(model="d")
+        state.arrive(model="d", slo_ms=5)  # its load goes to device 0 or 1
+        state.add_device(["c"])  # device 2: ``c`` placed there
+        state.add_device(["c", "d"])  # device 3: copies kept, unused
+        for device in (0, 1, 2):
+            state.drop_device(device)
+        state.arrive(model="c", slo_ms=5)
+        assert not any(isinstance(a, LoadWeights) for a in state.devices[3].pending), "a held copy loaded again"
+        state.teardown()  # every request answered

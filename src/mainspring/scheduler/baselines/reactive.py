@@ -193,7 +193,14 @@ class ReactiveScheduler(PolicyBookkeeping):
                 del self._queues[model]
 
     def _place(self, model: str, now_ns: int, decisions: Decisions) -> None:
-        """Load ``model`` on the device with the most free memory, evicting LRU idle models if needed."""
+        """Load ``model`` on the device with the most free memory, evicting LRU idle models if needed;
+        a copy already held (adopted from a rejoining worker, kept when its placement's device left)
+        is used instead: loading it again would count its pages twice, and the memory that leaks
+        could leave a later model unplaceable, its requests never answered."""
+        held = [d for d in self._devices.values() if model in d.resident]
+        if held:
+            self._placement[model] = max(held, key=lambda d: (d.resident[model], -d.spec.device)).spec.device
+            return
         best: tuple[tuple[int, int], _Device, list[str]] | None = None
         for device in self._devices.values():
             need = self.pages_of(model, device.spec)

@@ -204,7 +204,7 @@ def test_infer4_a_load_for_a_removed_model_does_not_count_for_its_next_residency
 
 
 def test_a_reactive_policy_uses_the_copy_a_rejoining_worker_holds() -> None:
-    """Found by this machine on a CI run (triton and clipper alike): device 3 rejoins holding ``c`` and
+    """Found by this machine in a `make test` run (triton and clipper alike): device 3 rejoins holding ``c`` and
     ``d`` while their placements point at devices that then leave. The policy loaded ``d`` again on
     device 3, counting its pages twice, and then found no room for ``c``: its request was never answered."""
     for policy in ("triton", "clipper"):

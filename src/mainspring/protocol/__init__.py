@@ -1,11 +1,12 @@
 """Messages between clients, controller and workers."""
 
 from mainspring.protocol.actions import Action, EvictWeights, Infer, LoadWeights, action_kind
-from mainspring.protocol.devices import DeviceSpec
+from mainspring.protocol.devices import CPU_KIND, DeviceSpec
 from mainspring.protocol.requests import Outcome, Request, Response, ResponseStatus
 from mainspring.protocol.results import ActionResult, ActionStatus, Timing
 
 __all__ = [
+    "CPU_KIND",
     "Action",
     "ActionResult",
     "ActionStatus",

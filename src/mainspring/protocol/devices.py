@@ -6,6 +6,10 @@ import msgspec
 
 from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
 
+# The kind a CPU worker announces (GPU kinds are the GPU's name); the clockwork policy estimates it
+# at its own percentile (``ClockworkConfig.estimate_percentile_cpu``).
+CPU_KIND = "cpu"
+
 
 class DeviceSpec(msgspec.Struct, frozen=True):
     """One device: its id, kind (matches ``ModelProfile.device_kind``), weight pool, and the models

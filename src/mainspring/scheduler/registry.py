@@ -16,8 +16,6 @@ from mainspring.scheduler.infer4 import Infer4Scheduler
 
 # profiles, devices, seeded generator, deadline margin (ns: the result's trip back to the client)
 SchedulerFactory = Callable[[Mapping[str, ModelProfile], Sequence[DeviceSpec], random.Random, int], Scheduler]
-# Policies whose settings a user may change (``serve``'s ``[clockwork]`` table, ``simulate --clockwork``).
-SETTABLE = ("clockwork",)
 
 
 def clockwork_config(settings: Mapping[str, object], where: str, margin_ns: int = 0) -> ClockworkConfig:
@@ -30,6 +28,11 @@ def _clockwork(settings: Mapping[str, object] | None = None, where: str = "") ->
         profiles, devices, clockwork_config(settings or {}, where, margin_ns), rng
     )
 
+
+# Policies whose settings a user may change (``serve``'s ``[clockwork]`` table, ``simulate --clockwork``):
+# each makes its factory from the settings and where they came from.
+_WITH_SETTINGS: dict[str, Callable[[Mapping[str, object], str], SchedulerFactory]] = {"clockwork": _clockwork}
+SETTABLE = tuple(_WITH_SETTINGS)
 
 _FACTORIES: dict[str, SchedulerFactory] = {
     "clockwork": _clockwork(),
@@ -68,13 +71,13 @@ def make_scheduler(
     settings: Mapping[str, object] | None = None,
     where: str = "policy settings",
 ) -> Scheduler:
-    """Policy ``name``; ``settings`` (field: value) change the clockwork policy's defaults."""
+    """Policy ``name``; ``settings`` (field: value) change a settable policy's defaults."""
     try:
         factory = _FACTORIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(_FACTORIES)}") from None
     if settings:
-        if name not in SETTABLE:
+        if name not in _WITH_SETTINGS:
             raise ValueError(f"{where}: policy {name!r} takes no settings (only {', '.join(SETTABLE)} does)")
-        factory = _clockwork(settings, where)
+        factory = _WITH_SETTINGS[name](settings, where)
     return factory(profiles, devices, rng, deadline_margin_ns)

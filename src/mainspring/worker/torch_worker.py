@@ -18,7 +18,7 @@ import torch
 from mainspring.models.loading import load_module, state_tensors
 from mainspring.models.profile import ModelProfile
 from mainspring.models.repository import ModelLoadError, ModelRepository
-from mainspring.protocol import Action, DeviceSpec
+from mainspring.protocol import CPU_KIND, Action, DeviceSpec
 from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB
 from mainspring.protocol.tensors import Sample
@@ -34,7 +34,7 @@ DEFAULT_CPU_POOL_BYTES = 2048 * MIB
 def device_kind(device: torch.device) -> str:
     """The profile key of a device: ``cpu`` or the GPU's name (``nvidia-h200``)."""
     if device.type != "cuda":
-        return device.type
+        return CPU_KIND if device.type == "cpu" else device.type
     return torch.cuda.get_device_name(device).lower().replace(" ", "-")
 
 

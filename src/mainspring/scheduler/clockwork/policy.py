@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import (
+    CPU_KIND,
     Action,
     ActionResult,
     ActionStatus,
@@ -90,7 +91,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         self.rng = rng or random.Random(0)
         max_age = None if config.estimate_max_age_s is None else ms_to_ns(config.estimate_max_age_s * 1000)
         window, percentile = config.estimate_window, config.estimate_percentile
-        cpu = {"cpu": config.estimate_percentile_cpu}
+        cpu = {CPU_KIND: config.estimate_percentile_cpu}
         self.estimator = Estimator(self.profiles, window, percentile, max_age_ns=max_age, kind_percentiles=cpu)
         self.shapes = BatchShapes(self.profiles, self.estimator, config.max_batch_size, config.monotone_estimates)
         self.residency = Residency(list(devices), ms_to_ns(config.rate_memory_ms))

@@ -1,9 +1,9 @@
 """The clockwork policy's indices change its cost, never its decisions.
 
 The reference below finds due devices and the next wake-up by visiting every device, recomputes
-every estimate, and asks every holder whether a head is feasible before trying a batch, as the
-policy did before the indices; seeded runs of both must give byte-identical action and request
-logs over device counts, model counts, loads, SLOs and seeds.
+every estimate, asks every holder whether a head is feasible before trying a batch, and sorts every
+cold and spill model for each load pass, as the policy did before the indices; seeded runs of both must give
+byte-identical action and request logs over device counts, model counts, loads, SLOs and seeds.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.protocol import Request
 from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.clockwork import ClockworkScheduler
+from mainspring.scheduler.clockwork.loads import LoadPlanner, Tier
 from mainspring.scheduler.clockwork.policy import _Choice
 from mainspring.scheduler.clockwork.shapes import BatchShapes
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
@@ -60,6 +61,15 @@ class UncachedShapes(BatchShapes):
         return table, min(ns for _, ns in table)
 
 
+class SortingLoads(LoadPlanner):
+    """Load planning with every cold and spill model sorted on every pass (no ``TierOrder``)."""
+
+    def _urgent(self) -> list[tuple[Tier, int, str]]:
+        candidates = sorted((Tier.COLD, self._latest_load_start(m), m) for m in self._residency.cold)
+        spill = [m for m in self._admission.needs_replica if m in self._queues]
+        return candidates + sorted((Tier.SPILL, self._latest_load_start(m), m) for m in spill)
+
+
 class ReferenceClockwork(ClockworkScheduler):
     def _best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> _Choice | None:
         if model in device.loading:
@@ -80,6 +90,7 @@ def as_reference(timed: Scheduler) -> Scheduler:
     assert isinstance(policy, ClockworkScheduler)
     policy.__class__ = ReferenceClockwork
     policy.shapes.__class__ = UncachedShapes
+    policy.loads.__class__ = SortingLoads
     residency = policy.residency
     residency.exec_due = ScanningDue(policy, exec_lane=True)  # type: ignore[assignment]
     residency.load_due = ScanningDue(policy, exec_lane=False)  # type: ignore[assignment]

@@ -20,6 +20,7 @@ from mainspring.scheduler.clockwork.estimator import DecayingRate
 from mainspring.scheduler.clockwork.queues import RequestQueues
 from mainspring.scheduler.clockwork.residency import Residency
 from mainspring.scheduler.clockwork.shapes import BatchShapes
+from mainspring.scheduler.clockwork.tier_order import WatchedSet
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.time import ms_to_ns, ns_to_ms
 
@@ -67,7 +68,7 @@ class Admission:
         self._memory_ns = ms_to_ns(config.rate_memory_ms)
         self._margin_ns = config.deadline_margin_ns
         self._arrivals: dict[str, DecayingRate] = {}  # per model: requests per unit of memory
-        self.needs_replica: set[str] = set()  # held models with requests only a new replica can serve
+        self.needs_replica = WatchedSet()  # held models with requests only a new replica can serve
         # per device: (the millisecond it was computed in, models below the fair water level)
         self._protected: dict[int, tuple[int, set[str]]] = {}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import TypeVar
 
 from mainspring.models.profile import ModelProfile
@@ -100,10 +100,7 @@ class Estimator:
         self._max_age_ns = max_age_ns
         # when, window, serial, whole (a model's window, not a ratio), and what it changes (``_changed``)
         self._observed: deque[tuple[int, RollingPercentile, int, bool, tuple[str, str] | str | None]] = deque()
-        # Change counters, so that callers can cache values derived from estimates (``exec_changes``):
-        # per (model, kind) of its exec windows, and per kind of its exec ratio's value.
-        self.exec_changes: dict[tuple[str, str], int] = {}
-        self.ratio_changes: dict[str, int] = {}
+        self._watchers: list[Callable[[str, str | None], None]] = []  # see ``watch``
 
     def forget(self, model: str) -> None:
         """Drop a model's measurements (it was unloaded; a new version starts from its profile)."""
@@ -193,12 +190,17 @@ class Estimator:
         if self._max_age_ns is not None:
             self._observed.append((at_ns, window, window.added, whole, changes))
 
+    def watch(self, changed: Callable[[str, str | None], None]) -> None:
+        """Have ``changed(kind, model)`` called whenever a model's exec windows on a kind change, and
+        ``changed(kind, None)`` when the value of the kind's exec ratio does (which every model not
+        fully measured borrows), so that callers can keep values derived from the estimates."""
+        self._watchers.append(changed)
+
     def _changed(self, changes: tuple[str, str] | str) -> None:
-        """Count a change of a model's exec windows on a kind ``(model, kind)``, or of a kind's exec ratio."""
-        if isinstance(changes, str):
-            self.ratio_changes[changes] = self.ratio_changes.get(changes, 0) + 1
-        else:
-            self.exec_changes[changes] = self.exec_changes.get(changes, 0) + 1
+        """Tell the watchers: a model's exec windows on a kind changed ``(model, kind)``, or a kind's ratio."""
+        kind, model = (changes, None) if isinstance(changes, str) else (changes[1], changes[0])
+        for changed in self._watchers:
+            changed(kind, model)
 
     def expire(self, now_ns: int) -> None:
         """Age measurements out. A model's window is forgotten whole once it has not been measured

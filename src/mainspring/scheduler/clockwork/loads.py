@@ -28,6 +28,7 @@ from mainspring.scheduler.clockwork.config import ClockworkConfig
 from mainspring.scheduler.clockwork.queues import RequestQueues
 from mainspring.scheduler.clockwork.residency import Residency
 from mainspring.scheduler.clockwork.shapes import BatchShapes
+from mainspring.scheduler.clockwork.tier_order import TierOrder
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.time import ms_to_ns
 
@@ -63,13 +64,17 @@ class LoadPlanner:
         self.turned_away: set[str] = set()  # models held nowhere whose requests were rejected
         self._latest_start: dict[str, tuple[int, int]] = {}  # model -> (head request, latest load start)
         self._last_replication_check_ns = -NEVER
+        self._cold = TierOrder(residency.cold, queues, self._latest_load_start)
+        self._spill = TierOrder(admission.needs_replica, queues, self._latest_load_start)
 
     def forget(self, model: str) -> None:
         self.turned_away.discard(model)
-        self._latest_start.pop(model, None)
+        self.queue_closed(model)
 
     def queue_closed(self, model: str) -> None:
         self._latest_start.pop(model, None)
+        self._cold.forget(model)
+        self._spill.forget(model)
 
     @property
     def wanted(self) -> bool:
@@ -105,9 +110,7 @@ class LoadPlanner:
 
     def _candidates(self, now_ns: int) -> tuple[list[tuple[Tier, int, str]], dict[int, float]]:
         """Every model worth loading, in load order, and the demand on each device (for replicas)."""
-        candidates = sorted((Tier.COLD, self._latest_load_start(m), m) for m in self._residency.cold)
-        spill = [m for m in self._admission.needs_replica if m in self._queues]
-        candidates += sorted((Tier.SPILL, self._latest_load_start(m), m) for m in spill)
+        candidates = self._urgent()
         kind = self._residency.kinds[0]
         candidates += sorted(
             (Tier.TURNED_AWAY, -int(1e9 * self._admission.model_demand(m, now_ns, kind)), m) for m in self.turned_away
@@ -121,9 +124,18 @@ class LoadPlanner:
             candidates += [(Tier.REPLICA, rank, model) for rank, (_, model) in enumerate(ranked)]
         return candidates, device_load
 
+    def _urgent(self) -> list[tuple[Tier, int, str]]:
+        """The ``COLD`` and ``SPILL`` tiers, in load order."""
+        head_moved = self._queues.head_moved
+        self._cold.update(head_moved)
+        self._spill.update(head_moved)
+        head_moved.clear()
+        candidates = [(Tier.COLD, key, model) for key, model in self._cold.order]
+        return candidates + [(Tier.SPILL, key, model) for key, model in self._spill.order]
+
     def _latest_load_start(self, model: str) -> int:
         """Latest time a load of ``model`` may start and still serve its most urgent request
-        (on the fastest kind). Cached per head request: the order is recomputed every pass."""
+        (on the fastest kind). Cached per head request: the tiers are ordered by it (``TierOrder``)."""
         head = self._queues[model].head()
         if head is None:
             return NEVER

@@ -12,17 +12,20 @@ class ModelQueue:
     """Requests for one model ordered by deadline. Entries whose request left the
     shared ``live`` map (rejected on expiry) are skipped when reached."""
 
-    __slots__ = ("_heap", "_live", "count", "max_deadline_ns", "model")
+    __slots__ = ("_heap", "_live", "_moved", "count", "max_deadline_ns", "model")
 
-    def __init__(self, model: str, live: dict[int, Request]) -> None:
+    def __init__(self, model: str, live: dict[int, Request], moved: set[str]) -> None:
         self.model = model
         self._heap: list[tuple[int, int]] = []
         self._live = live
+        self._moved = moved  # models whose head may have changed (``RequestQueues.head_moved``)
         self.count = 0
         self.max_deadline_ns = 0
 
     def push(self, request: Request) -> None:
         heapq.heappush(self._heap, (request.deadline_ns, request.id))
+        if self._heap[0][1] == request.id:
+            self._moved.add(self.model)
         self._live[request.id] = request
         self.count += 1
         self.max_deadline_ns = max(self.max_deadline_ns, request.deadline_ns)
@@ -43,6 +46,7 @@ class ModelQueue:
         heapq.heappop(self._heap)
         del self._live[request.id]
         self.count -= 1
+        self._moved.add(self.model)
         return request
 
     def requests(self) -> list[Request]:
@@ -54,6 +58,7 @@ class ModelQueue:
         """The request left the queue by another way (its entry is skipped later)."""
         del self._live[request_id]
         self.count -= 1
+        self._moved.add(self.model)
 
 
 class RequestQueues:
@@ -66,6 +71,7 @@ class RequestQueues:
         self._live: dict[int, Request] = {}
         self._expiry: list[tuple[int, int, str]] = []
         self._strands: list[tuple[int, int, str]] = []
+        self.head_moved: set[str] = set()  # models whose head request may have changed; the reader clears it
 
     def __contains__(self, model: object) -> bool:
         return model in self._queues
@@ -87,7 +93,7 @@ class RequestQueues:
         queue = self._queues.get(request.model)
         opened = queue is None
         if queue is None:
-            queue = self._queues[request.model] = ModelQueue(request.model, self._live)
+            queue = self._queues[request.model] = ModelQueue(request.model, self._live, self.head_moved)
         queue.push(request)
         heapq.heappush(self._expiry, (expires_ns, request.id, request.model))
         if strands_ns is not None:

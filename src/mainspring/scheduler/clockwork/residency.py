@@ -11,6 +11,7 @@ from functools import partial
 
 from mainspring.protocol import DeviceSpec
 from mainspring.scheduler.clockwork.due import DueDevices, always
+from mainspring.scheduler.clockwork.tier_order import WatchedSet
 from mainspring.scheduler.clockwork.tracker import DeviceState, LaneTracker
 
 
@@ -37,7 +38,7 @@ class Residency:
         self.kinds: list[str] = []
         self.holders: dict[str, set[int]] = {}
         self.queued: set[str] = set()  # models with a request queue (kept by the policy)
-        self.cold: set[str] = set()
+        self.cold = WatchedSet()
         self._generation = 0
         self._added = 0
         self.exec_due = DueDevices(_exec_lane, _has_waiting)

@@ -21,14 +21,22 @@ class BatchShapes:
         self._cap = max_batch_size
         self._monotone = monotone
         self._sizes: dict[str, tuple[int, ...]] = {}
-        # (model, kind) -> its sizes with their estimates, the least estimate, and the estimator's
-        # change counters they were derived at (see ``estimates``)
-        self._estimates: dict[tuple[str, str], tuple[tuple[tuple[int, int], ...], int, int, int]] = {}
+        # kind -> model -> its sizes with their estimates, and the least estimate (see ``estimates``)
+        self._estimates: dict[str, dict[str, tuple[tuple[tuple[int, int], ...], int]]] = {}
+        estimator.watch(self._estimates_changed)
 
     def forget(self, model: str) -> None:
         self._sizes.pop(model, None)
-        for key in [k for k in self._estimates if k[0] == model]:
-            del self._estimates[key]
+        for by_model in self._estimates.values():
+            by_model.pop(model, None)
+
+    def _estimates_changed(self, kind: str, model: str | None) -> None:
+        by_model = self._estimates.get(kind)
+        if by_model is not None:
+            if model is None:
+                self._estimates[kind] = {}
+            else:
+                by_model.pop(model, None)
 
     def sizes(self, model: str) -> tuple[int, ...]:
         sizes = self._sizes.get(model)
@@ -61,18 +69,16 @@ class BatchShapes:
 
     def estimates(self, model: str, kind: str) -> tuple[tuple[tuple[int, int], ...], int]:
         """``((size, estimate), ...)`` for the model's sizes, smallest first, and the least estimate.
-        Kept until the estimator counts a change that could move them: the planner reads them for
+        Kept until the estimator reports a change that could move them: the planner reads them for
         every waiting model on every pass, and most have not been measured since."""
-        estimator = self.estimator
-        key = (model, kind)
-        changes, ratio_changes = estimator.exec_changes.get(key, 0), estimator.ratio_changes.get(kind, 0)
-        cached = self._estimates.get(key)
-        if cached is not None and cached[2] == changes and cached[3] == ratio_changes:
-            return cached[0], cached[1]
-        table = self.table(model, kind)
-        fastest = min(exec_ns for _, exec_ns in table)
-        self._estimates[key] = (table, fastest, changes, ratio_changes)
-        return table, fastest
+        by_model = self._estimates.get(kind)
+        if by_model is None:
+            by_model = self._estimates[kind] = {}
+        cached = by_model.get(model)
+        if cached is None:
+            table = self.table(model, kind)
+            cached = by_model[model] = (table, min(exec_ns for _, exec_ns in table))
+        return cached
 
     def table(self, model: str, kind: str) -> tuple[tuple[int, int], ...]:
         """The (size, estimate) table, computed afresh. With ``monotone`` a size's estimate is at most

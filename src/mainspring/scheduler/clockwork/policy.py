@@ -263,14 +263,14 @@ class ClockworkScheduler(PolicyBookkeeping):
     ) -> bool:
         """Can the holders still loading ``model`` serve its whole queue, one batch each, by the head's
         deadline? A single stranded request needs one new replica, a burst of one model may need more."""
-        room = sum(
-            self._largest_batch_by(
-                model, device.kind, max(now_ns, device.exec_lane.free_ns, device.ready_ns[model]), head.deadline_ns
-            )
-            for device in holders
-            if model in device.loading
-        )
-        return room >= queue.count  # a queue with a head holds at least one request
+        room, count = 0, queue.count  # a queue with a head holds at least one request
+        for device in holders:
+            if model in device.loading:
+                start_ns = max(now_ns, device.exec_lane.free_ns, device.ready_ns[model])
+                room += self._largest_batch_by(model, device.kind, start_ns, head.deadline_ns)
+                if room >= count:
+                    return True  # checked on every pass for every stranded model: stop once covered
+        return False
 
     def _close_if_empty(self, model: str) -> None:
         if self.queues.close_if_empty(model):
@@ -286,6 +286,8 @@ class ClockworkScheduler(PolicyBookkeeping):
             lane_start = max(now_ns, device.exec_lane.free_ns)
             if lane_start > limit:
                 return
+            if device.loading and device.waiting <= device.loading:
+                return  # each is planned when its load reports (``_best_batch``); due on every pass till then
             choices = []
             for model in sorted(device.waiting):  # sorted: runs repeat across processes
                 choice = self._best_batch(device, model, lane_start, now_ns)

@@ -259,7 +259,7 @@ class ClockworkScheduler(PolicyBookkeeping):
                 needs_replica.add(model)
 
     def _replicas_on_the_way_cover(
-        self, model: str, queue: ModelQueue, head: Request, holders: list[DeviceState], now_ns: int
+        self, model: str, queue: ModelQueue, head: Request, holders: tuple[DeviceState, ...], now_ns: int
     ) -> bool:
         """Can the holders still loading ``model`` serve its whole queue, one batch each, by the head's
         deadline? A single stranded request needs one new replica, a burst of one model may need more."""

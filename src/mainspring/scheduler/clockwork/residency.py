@@ -37,6 +37,7 @@ class Residency:
         self._by_id: dict[int, DeviceState] = {}
         self.kinds: list[str] = []
         self.holders: dict[str, set[int]] = {}
+        self._holding: dict[str, tuple[DeviceState, ...]] = {}  # see ``holding``
         self.queued: set[str] = set()  # models with a request queue (kept by the policy)
         self.cold = WatchedSet()
         self._generation = 0
@@ -52,8 +53,12 @@ class Residency:
     def find(self, device_id: int) -> DeviceState | None:
         return self._by_id.get(device_id)
 
-    def holding(self, model: str) -> list[DeviceState]:
-        return [self._by_id[d] for d in self.holders.get(model, ())]
+    def holding(self, model: str) -> tuple[DeviceState, ...]:
+        """The devices holding ``model`` (kept until its holders change: asked for on every pass)."""
+        found = self._holding.get(model)
+        if found is None:
+            found = self._holding[model] = tuple(self._by_id[d] for d in self.holders.get(model, ()))
+        return found
 
     def add_device(self, spec: DeviceSpec) -> None:
         if spec.device in self._by_id:
@@ -86,6 +91,7 @@ class Residency:
         device.free_pages -= pages
         device.touch(model, ready_ns)
         self.holders.setdefault(model, set()).add(device.spec.device)
+        self._holding.pop(model, None)
         if model in self.queued:
             self._wait(device, model)
             self.cold.discard(model)
@@ -103,6 +109,7 @@ class Residency:
         device.waiting.discard(model)
         holders = self.holders[model]
         holders.discard(device.spec.device)
+        self._holding.pop(model, None)
         if not holders:
             del self.holders[model]
             if model in self.queued:

@@ -76,8 +76,8 @@ class BatchShapes:
             by_model = self._estimates[kind] = {}
         cached = by_model.get(model)
         if cached is None:
-            table = self.table(model, kind)
-            cached = by_model[model] = (table, min(exec_ns for _, exec_ns in table))
+            estimates = self._estimates_of(model, kind)
+            cached = by_model[model] = (tuple(zip(self.sizes(model), estimates, strict=True)), min(estimates))
         return cached
 
     def table(self, model: str, kind: str) -> tuple[tuple[int, int], ...]:
@@ -85,13 +85,16 @@ class BatchShapes:
         any larger size's: a batch runs no slower than a larger one (padding it would make it that
         one), so one spike in a small size's window neither stops that size from running (and being
         measured again) nor makes a larger padded batch look the faster choice."""
-        sizes = self.sizes(model)
-        table = list(zip(sizes, self.estimator.exec_table(model, sizes, kind), strict=True))
+        return tuple(zip(self.sizes(model), self._estimates_of(model, kind), strict=True))
+
+    def _estimates_of(self, model: str, kind: str) -> list[int]:
+        """``table``'s estimates alone: recomputed for most models whenever the kind's ratio moves."""
+        estimates = self.estimator.exec_table(model, self.sizes(model), kind)
         if self._monotone:
-            for i in range(len(table) - 2, -1, -1):
-                if table[i + 1][1] < table[i][1]:
-                    table[i] = (table[i][0], table[i + 1][1])
-        return tuple(table)
+            for i in range(len(estimates) - 2, -1, -1):
+                if estimates[i + 1] < estimates[i]:
+                    estimates[i] = estimates[i + 1]
+        return estimates
 
     def exec_ns(self, model: str, size: int, kind: str) -> int:
         """The planner's estimate of one batch of ``size`` (one of the model's sizes; see ``table``)."""

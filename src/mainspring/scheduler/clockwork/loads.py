@@ -116,6 +116,8 @@ class LoadPlanner:
             (Tier.TURNED_AWAY, -int(1e9 * self._admission.model_demand(m, now_ns, kind)), m) for m in self.turned_away
         )
         device_load: dict[int, float] = {}
+        if len(self._residency.devices) == 1:
+            return candidates, device_load  # a replica needs a second device: no demand to weigh
         if now_ns - self._last_replication_check_ns >= ms_to_ns(self.config.replication_check_ms):
             self._last_replication_check_ns = now_ns
             priorities, device_load = self.load_priorities(now_ns)

@@ -1,8 +1,9 @@
 """The clockwork policy's indices change its cost, never its decisions.
 
 The reference below finds due devices and the next wake-up by visiting every device, recomputes
-every estimate, asks every holder whether a head is feasible before trying a batch, and sorts every
-cold and spill model for each load pass, as the policy did before the indices; seeded runs of both must give
+every estimate, asks every holder whether a head is feasible before trying a batch, weighs a queue of one
+request like any other (no ``_lone_batch``), and sorts every cold and spill model for each load pass, as
+the policy did before the indices; seeded runs of both must give
 byte-identical action and request logs over device counts, model counts, loads, SLOs and seeds.
 """
 

@@ -308,12 +308,26 @@ class ClockworkScheduler(PolicyBookkeeping):
         head = queue.head()
         # A batch that fits here proves the head feasible (this device holds the model, ready by
         # ``start_ns``): only when none fits is it worth asking every holder (``_feasible_head``).
-        choice = None if head is None else self._batch_within(device, queue, head, start_ns, head.deadline_ns)
+        lone = queue.count == 1 and self.config.monotone_estimates
+        if head is None:
+            choice = None
+        elif lone:
+            choice = self._lone_batch(device, model, head, start_ns)
+        else:
+            choice = self._batch_within(device, queue, head, start_ns, head.deadline_ns)
         if choice is None:
             return self._best_batch_of_feasible(device, queue, head, start_ns, now_ns)
-        if self.config.whole_batches and not self._whole(queue, choice):
-            return self._keep_backlog_whole(device, queue, start_ns, choice)
-        return choice
+        if lone or not self.config.whole_batches or self._whole(queue, choice):
+            return choice  # a lone request's batch takes the whole queue
+        return self._keep_backlog_whole(device, queue, start_ns, choice)
+
+    def _lone_batch(self, device: DeviceState, model: str, request: Request, start_ns: int) -> _Choice | None:
+        """``_batch_within`` for a queue of one request, as most queues are: with monotone estimates
+        the smallest size is also the cheapest, so it runs at that size if at all."""
+        size, exec_ns = self.shapes.estimates(model, device.kind)[0][0]
+        if request.deadline_ns - self._margin_ns - start_ns < exec_ns:
+            return None
+        return _Choice(request.deadline_ns - start_ns - exec_ns, model, start_ns, 1, size, request.deadline_ns)
 
     def _best_batch_of_feasible(
         self, device: DeviceState, queue: ModelQueue, head: Request | None, start_ns: int, now_ns: int

@@ -2,8 +2,9 @@
 
 The reference below finds due devices and the next wake-up by visiting every device, recomputes
 every estimate, asks every holder whether a head is feasible before trying a batch, weighs a queue of one
-request like any other (no ``_lone_batch``), and sorts every cold and spill model for each load pass, as
-the policy did before the indices; seeded runs of both must give
+request like any other (no ``_lone_batch``), checks every stranded model on every pass (no
+``SettledStrands``), and sorts every cold and spill model for each load pass, as the policy did before
+the indices; seeded runs of both must give
 byte-identical action and request logs over device counts, model counts, loads, SLOs and seeds.
 """
 
@@ -21,6 +22,7 @@ from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.clockwork import ClockworkScheduler
 from mainspring.scheduler.clockwork.loads import LoadPlanner, Tier
 from mainspring.scheduler.clockwork.policy import _Choice
+from mainspring.scheduler.clockwork.queues import ModelQueue
 from mainspring.scheduler.clockwork.shapes import BatchShapes
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.scheduler.timed import TimedScheduler
@@ -83,6 +85,16 @@ class ReferenceClockwork(ClockworkScheduler):
         if self.config.whole_batches and choice is not None:
             choice = self._keep_backlog_whole(device, queue, start_ns, choice)
         return choice
+
+    def _replicas_on_the_way_cover(
+        self, model: str, queue: ModelQueue, head: Request, holders: tuple[DeviceState, ...], now_ns: int
+    ) -> bool:
+        room = sum(
+            self._largest_batch_by(model, d.kind, max(now_ns, d.exec_lane.free_ns, d.ready_ns[model]), head.deadline_ns)
+            for d in holders
+            if model in d.loading
+        )
+        return room >= queue.count  # never set aside: every stranded model is checked on every pass
 
 
 def as_reference(timed: Scheduler) -> Scheduler:

@@ -76,11 +76,13 @@ class PolicyBookkeeping:
         if request.model not in self.profiles:
             self._answer(request, Outcome.UNKNOWN_MODEL, f"unknown model {request.model!r}")
             return True
-        specs = list(specs)
-        if not specs:
+        any_device = False
+        for spec in specs:  # stops at the first device it fits: asked for every request
+            if self.pages_of(request.model, spec) <= spec.total_pages:
+                return False
+            any_device = True
+        if not any_device:
             self._answer(request, Outcome.NO_WORKER, "no worker is connected")
-            return True
-        if not any(self.pages_of(request.model, spec) <= spec.total_pages for spec in specs):
+        else:
             self._answer(request, Outcome.DOES_NOT_FIT, f"model {request.model!r} does not fit on any device")
-            return True
-        return False
+        return True

@@ -36,6 +36,7 @@ from mainspring.scheduler.clockwork.estimator import Estimator
 from mainspring.scheduler.clockwork.loads import LoadPlanner
 from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
 from mainspring.scheduler.clockwork.residency import Residency
+from mainspring.scheduler.clockwork.settled import SettledStrands
 from mainspring.scheduler.clockwork.shapes import BatchShapes, cheapest_in, first_of_split
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.scheduler.common import PolicyBookkeeping
@@ -103,6 +104,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         self._margin_ns = config.deadline_margin_ns
         self._in_flight: dict[int, _Flight] = {}
         self._stranded: set[str] = set()  # models whose oldest request waited past ``spill_after``
+        self._settled = SettledStrands()  # stranded models replicas on the way cover, until that could change
+        self.estimator.watch(self._estimates_changed)
         self._measured_ns: dict[str, int] = {}  # per model: its smallest batch's last measurement or probe
         self._probes: list[Infer] = []  # issued by ``on_request``, handed out by the next ``schedule``
 
@@ -152,6 +155,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         for device in self.residency.exec_due.due(limit):
             if device.waiting and device.exec_lane.free_ns <= limit:  # planning another may have closed its queues
                 self._plan_infers(device, now_ns, decisions)
+        self._take_changes(now_ns)
         if self.config.spill_after is not None:
             self._spill_the_stranded(now_ns, self.config.spill_after)
         if self.loads.wanted:
@@ -244,9 +248,9 @@ class ClockworkScheduler(PolicyBookkeeping):
         finds them, so the cost does not grow with the devices' waiting models."""
         stranded, needs_replica = self._stranded, self.admission.needs_replica
         stranded.update(self.queues.newly_stranded(now_ns))
-        # Skipped until that changes: models waiting for their replica, and cold ones (no holder to
-        # be stranded behind; their load is planned anyway).
-        for model in stranded.difference(needs_replica, self.residency.cold):
+        # Skipped until that changes: models waiting for their replica, cold ones (no holder to be
+        # stranded behind; their load is planned anyway), and ones the replicas on the way cover.
+        for model in stranded.difference(needs_replica, self.residency.cold, self._settled.models):
             queue = self.queues.get(model)
             head = None if queue is None else queue.head()
             if queue is None or head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
@@ -262,15 +266,40 @@ class ClockworkScheduler(PolicyBookkeeping):
         self, model: str, queue: ModelQueue, head: Request, holders: tuple[DeviceState, ...], now_ns: int
     ) -> bool:
         """Can the holders still loading ``model`` serve its whole queue, one batch each, by the head's
-        deadline? A single stranded request needs one new replica, a burst of one model may need more."""
+        deadline? A single stranded request needs one new replica, a burst of one model may need more.
+        If so the model is set aside (``SettledStrands``) until the answer could change."""
         room, count = 0, queue.count  # a queue with a head holds at least one request
+        counted: list[int] = []
+        until = NEVER  # the answer holds while the clock is at or before every counted start
         for device in holders:
             if model in device.loading:
-                start_ns = max(now_ns, device.exec_lane.free_ns, device.ready_ns[model])
-                room += self._largest_batch_by(model, device.kind, start_ns, head.deadline_ns)
+                free_ns = max(device.exec_lane.free_ns, device.ready_ns[model])
+                room += self._largest_batch_by(model, device.kind, max(now_ns, free_ns), head.deadline_ns)
+                counted.append(device.spec.device)
+                until = min(until, free_ns)
                 if room >= count:
-                    return True  # checked on every pass for every stranded model: stop once covered
+                    if until >= now_ns:
+                        self._settled.settle(model, until, tuple(counted))
+                    return True
         return False
+
+    def _take_changes(self, now_ns: int) -> None:
+        """Hand what changed since the last pass to ``SettledStrands``, which checks those models again."""
+        queues, residency, settled = self.queues, self.residency, self._settled
+        if settled.models:
+            settled.unsettle(queues.changed)
+            settled.unsettle(residency.changed)
+            settled.lanes_moved(residency.exec_moved)
+            settled.expire(now_ns)
+        queues.changed.clear()
+        residency.changed.clear()
+        residency.exec_moved.clear()
+
+    def _estimates_changed(self, kind: str, model: str | None) -> None:
+        if model is None:
+            self._settled.clear()  # the kind's ratio moved: every model's estimates may have
+        else:
+            self._settled.unsettle((model,))
 
     def _close_if_empty(self, model: str) -> None:
         if self.queues.close_if_empty(model):
@@ -625,8 +654,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         if result.ok:
             assert result.timing is not None
             self.estimator.observe_load(model, device.kind, result.timing.duration_ns, result.timing.end_ns)
-            device.ready_ns[model] = result.timing.end_ns
-            device.loading.discard(model)
+            self.residency.loaded(device, model, result.timing.end_ns)
             return
         self.residency.release(device, model, self._pages_on(model, device))
         if result.status is ActionStatus.ERROR and model not in self.residency.holders and model in self.queues:

@@ -12,13 +12,14 @@ class ModelQueue:
     """Requests for one model ordered by deadline. Entries whose request left the
     shared ``live`` map (rejected on expiry) are skipped when reached."""
 
-    __slots__ = ("_heap", "_live", "_moved", "count", "max_deadline_ns", "model")
+    __slots__ = ("_changed", "_heap", "_live", "_moved", "count", "max_deadline_ns", "model")
 
-    def __init__(self, model: str, live: dict[int, Request], moved: set[str]) -> None:
+    def __init__(self, model: str, live: dict[int, Request], moved: set[str], changed: set[str]) -> None:
         self.model = model
         self._heap: list[tuple[int, int]] = []
         self._live = live
         self._moved = moved  # models whose head may have changed (``RequestQueues.head_moved``)
+        self._changed = changed  # models whose queue changed at all (``RequestQueues.changed``)
         self.count = 0
         self.max_deadline_ns = 0
 
@@ -26,6 +27,7 @@ class ModelQueue:
         heapq.heappush(self._heap, (request.deadline_ns, request.id))
         if self._heap[0][1] == request.id:
             self._moved.add(self.model)
+        self._changed.add(self.model)
         self._live[request.id] = request
         self.count += 1
         self.max_deadline_ns = max(self.max_deadline_ns, request.deadline_ns)
@@ -47,6 +49,7 @@ class ModelQueue:
         del self._live[request.id]
         self.count -= 1
         self._moved.add(self.model)
+        self._changed.add(self.model)
         return request
 
     def requests(self) -> list[Request]:
@@ -59,6 +62,7 @@ class ModelQueue:
         del self._live[request_id]
         self.count -= 1
         self._moved.add(self.model)
+        self._changed.add(self.model)
 
 
 class RequestQueues:
@@ -72,6 +76,7 @@ class RequestQueues:
         self._expiry: list[tuple[int, int, str]] = []
         self._strands: list[tuple[int, int, str]] = []
         self.head_moved: set[str] = set()  # models whose head request may have changed; the reader clears it
+        self.changed: set[str] = set()  # models whose queue changed (a request came or left); the policy clears it
 
     def __contains__(self, model: object) -> bool:
         return model in self._queues
@@ -93,7 +98,7 @@ class RequestQueues:
         queue = self._queues.get(request.model)
         opened = queue is None
         if queue is None:
-            queue = self._queues[request.model] = ModelQueue(request.model, self._live, self.head_moved)
+            queue = self._queues[request.model] = ModelQueue(request.model, self._live, self.head_moved, self.changed)
         queue.push(request)
         heapq.heappush(self._expiry, (expires_ns, request.id, request.model))
         if strands_ns is not None:

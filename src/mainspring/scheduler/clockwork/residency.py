@@ -43,6 +43,9 @@ class Residency:
         self._generation = 0
         self._added = 0
         self.exec_due = DueDevices(_exec_lane, _has_waiting)
+        # What changed since the policy last cleared these (``SettledStrands`` is told):
+        self.exec_moved: set[int] = set()  # devices whose exec lane's free time was predicted anew
+        self.changed: set[str] = set()  # models held, released or loaded somewhere
         self.load_due = DueDevices(_load_lane, always)
         for spec in specs:
             self.add_device(spec)
@@ -65,12 +68,16 @@ class Residency:
             raise ValueError(f"device {spec.device} is already known")
         device = DeviceState(spec, self._rate_memory_ns, self._added)
         self._added += 1
-        device.exec_lane.moved = partial(self.exec_due.moved, device)
+        device.exec_lane.moved = partial(self._exec_moved, device)
         device.load_lane.moved = partial(self.load_due.moved, device)
         self.load_due.moved(device)
         self.devices.append(device)
         self._by_id[spec.device] = device
         self.kinds = sorted({d.kind for d in self.devices})
+
+    def _exec_moved(self, device: DeviceState) -> None:
+        self.exec_due.moved(device)
+        self.exec_moved.add(device.spec.device)
 
     def remove_device(self, device_id: int, pages_of: dict[str, int]) -> DeviceState:
         """Forget a device and everything it held; ``pages_of`` gives each held model's pages there."""
@@ -92,6 +99,7 @@ class Residency:
         device.touch(model, ready_ns)
         self.holders.setdefault(model, set()).add(device.spec.device)
         self._holding.pop(model, None)
+        self.changed.add(model)
         if model in self.queued:
             self._wait(device, model)
             self.cold.discard(model)
@@ -110,10 +118,17 @@ class Residency:
         holders = self.holders[model]
         holders.discard(device.spec.device)
         self._holding.pop(model, None)
+        self.changed.add(model)
         if not holders:
             del self.holders[model]
             if model in self.queued:
                 self.cold.add(model)
+
+    def loaded(self, device: DeviceState, model: str, ready_ns: int) -> None:
+        """``model``'s load on ``device`` reported success: usable from ``ready_ns``."""
+        device.ready_ns[model] = ready_ns
+        device.loading.discard(model)
+        self.changed.add(model)
 
     def is_current(self, device: DeviceState, model: str, generation: int) -> bool:
         return device.generation.get(model) == generation

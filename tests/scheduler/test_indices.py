@@ -1,10 +1,10 @@
 """The clockwork policy's indices change its cost, never its decisions.
 
 The reference below finds due devices and the next wake-up by visiting every device, recomputes
-every estimate, asks every holder whether a head is feasible before trying a batch, weighs a queue of one
-request like any other (no ``_lone_batch``), checks every stranded model on every pass (no
-``SettledStrands``), and sorts every cold and spill model for each load pass, as the policy did before
-the indices; seeded runs of both must give
+every estimate, asks every holder whether a head is feasible before trying a batch, weighs a queue
+of one request like any other (no ``_lone_batch``), checks every stranded model that is not waiting
+for a replica or cold on every pass (no ``SettledStrands``, no active set), and sorts every cold and
+spill model for each load pass, as the policy did before the indices; seeded runs of both must give
 byte-identical action and request logs over device counts, model counts, loads, SLOs and seeds.
 """
 
@@ -85,6 +85,21 @@ class ReferenceClockwork(ClockworkScheduler):
         if self.config.whole_batches and choice is not None:
             choice = self._keep_backlog_whole(device, queue, start_ns, choice)
         return choice
+
+    def _spill_the_stranded(self, now_ns: int, after: float) -> None:
+        stranded, needs_replica = self._stranded, self.admission.needs_replica
+        stranded.update(self.queues.newly_stranded(now_ns))
+        for model in stranded.difference(needs_replica, self.residency.cold):  # no active set: every one
+            queue = self.queues.get(model)
+            head = None if queue is None else queue.head()
+            if queue is None or head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
+                stranded.discard(model)
+                continue
+            holders = self.residency.holding(model)
+            if self._replicas_on_the_way_cover(model, queue, head, holders, now_ns):
+                continue
+            if any(device.exec_lane.free_ns > now_ns for device in holders):
+                needs_replica.add(model)
 
     def _replicas_on_the_way_cover(
         self, model: str, queue: ModelQueue, head: Request, holders: tuple[DeviceState, ...], now_ns: int

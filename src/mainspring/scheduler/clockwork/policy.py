@@ -104,6 +104,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         self._margin_ns = config.deadline_margin_ns
         self._in_flight: dict[int, _Flight] = {}
         self._stranded: set[str] = set()  # models whose oldest request waited past ``spill_after``
+        self._active_strands: set[str] = set()  # of those, the ones to check (``_spill_the_stranded``)
         self._settled = SettledStrands()  # stranded models replicas on the way cover, until that could change
         self.estimator.watch(self._estimates_changed)
         self._measured_ns: dict[str, int] = {}  # per model: its smallest batch's last measurement or probe
@@ -246,15 +247,29 @@ class ClockworkScheduler(PolicyBookkeeping):
         Checked on every pass (every ``replication_check_ms`` instead raised the Azure x30 window
         from 2 to 1,196 misses), but only for models with such a request: a heap of strand times
         finds them, so the cost does not grow with the devices' waiting models."""
-        stranded, needs_replica = self._stranded, self.admission.needs_replica
-        stranded.update(self.queues.newly_stranded(now_ns))
+        stranded, needs_replica, cold, settled = (
+            self._stranded,
+            self.admission.needs_replica,
+            self.residency.cold,
+            self._settled,
+        )
         # Skipped until that changes: models waiting for their replica, cold ones (no holder to be
         # stranded behind; their load is planned anyway), and ones the replicas on the way cover.
-        for model in stranded.difference(needs_replica, self.residency.cold, self._settled.models):
+        # ``active`` holds the rest (and some of those, dropped when reached): taking the difference
+        # of the sets on every pass cost as much as the checks (hundreds of parked models at 150 devices).
+        active = self._active_strands  # see ``_take_changes``
+        for model in self.queues.newly_stranded(now_ns):
+            stranded.add(model)
+            active.add(model)
+        for model in list(active):
+            if model in needs_replica or model in cold or model in settled.models:
+                active.discard(model)
+                continue
             queue = self.queues.get(model)
             head = None if queue is None else queue.head()
             if queue is None or head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
                 stranded.discard(model)  # its stranded requests left; later ones have their own strand time
+                active.discard(model)
                 continue
             holders = self.residency.holding(model)
             if self._replicas_on_the_way_cover(model, queue, head, holders, now_ns):
@@ -284,7 +299,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         return False
 
     def _take_changes(self, now_ns: int) -> None:
-        """Hand what changed since the last pass to ``SettledStrands``, which checks those models again."""
+        """Hand what changed since the last pass to ``SettledStrands`` and to the strand check."""
         queues, residency, settled = self.queues, self.residency, self._settled
         if settled.models:
             settled.unsettle(queues.changed)
@@ -294,6 +309,13 @@ class ClockworkScheduler(PolicyBookkeeping):
         queues.changed.clear()
         residency.changed.clear()
         residency.exec_moved.clear()
+        # Stranded models that stopped waiting for a replica, stopped being cold or were set free
+        # are checked again (``_spill_the_stranded``).
+        for released in (self.admission.needs_replica.released, residency.cold.released, settled.released):
+            if released:
+                if self._stranded:
+                    self._active_strands.update(released.intersection(self._stranded))
+                released.clear()
 
     def _estimates_changed(self, kind: str, model: str | None) -> None:
         if model is None:

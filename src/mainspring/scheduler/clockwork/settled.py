@@ -22,6 +22,7 @@ class SettledStrands:
 
     def __init__(self) -> None:
         self.models: set[str] = set()
+        self.released: set[str] = set()  # models set free since the policy last cleared this
         self._until: dict[str, int] = {}
         self._devices_of: dict[str, tuple[int, ...]] = {}
         self._on_device: dict[int, set[str]] = {}  # device -> models whose cover counts its exec lane
@@ -41,6 +42,7 @@ class SettledStrands:
             if self._until.pop(model, None) is None:
                 continue
             self.models.discard(model)
+            self.released.add(model)
             for device in self._devices_of.pop(model):
                 on_device = self._on_device.get(device)
                 if on_device is not None:
@@ -63,6 +65,7 @@ class SettledStrands:
 
     def clear(self) -> None:
         """Every model is checked again (e.g. a kind's estimates moved)."""
+        self.released.update(self.models)
         self.models.clear()
         self._until.clear()
         self._devices_of.clear()

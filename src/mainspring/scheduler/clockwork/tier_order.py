@@ -18,13 +18,15 @@ from mainspring.scheduler.clockwork.queues import RequestQueues
 
 
 class WatchedSet(set[str]):
-    """A set of models that remembers which joined and which left since its reader last cleared
-    ``joined`` and ``left``. Only ``add`` and ``discard`` may change it."""
+    """A set of models that remembers which joined and which left since its reader (``TierOrder``)
+    last cleared ``joined`` and ``left``; and, for a second reader (the policy's strand check), which
+    left since it cleared ``released``. Only ``add`` and ``discard`` may change it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.joined: set[str] = set()
         self.left: set[str] = set()
+        self.released: set[str] = set()
 
     def add(self, model: str) -> None:
         if model not in self:
@@ -36,6 +38,7 @@ class WatchedSet(set[str]):
         if isinstance(model, str) and model in self:
             super().discard(model)
             self.left.add(model)
+            self.released.add(model)
             self.joined.discard(model)
 
 

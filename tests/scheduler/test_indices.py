@@ -20,7 +20,7 @@ from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.protocol import Request
 from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.clockwork import ClockworkScheduler
-from mainspring.scheduler.clockwork.loads import LoadPlanner, Tier
+from mainspring.scheduler.clockwork.loads import LoadPlanner, Tier, Tiers
 from mainspring.scheduler.clockwork.policy import _Choice
 from mainspring.scheduler.clockwork.queues import ModelQueue
 from mainspring.scheduler.clockwork.shapes import BatchShapes
@@ -67,10 +67,10 @@ class UncachedShapes(BatchShapes):
 class SortingLoads(LoadPlanner):
     """Load planning with every cold and spill model sorted on every pass (no ``TierOrder``)."""
 
-    def _urgent(self) -> list[tuple[Tier, int, str]]:
-        candidates = sorted((Tier.COLD, self._latest_load_start(m), m) for m in self._residency.cold)
+    def _urgent(self) -> Tiers:
+        cold = sorted((self._latest_load_start(m), m) for m in self._residency.cold)
         spill = [m for m in self._admission.needs_replica if m in self._queues]
-        return candidates + sorted((Tier.SPILL, self._latest_load_start(m), m) for m in spill)
+        return [(Tier.COLD, cold), (Tier.SPILL, sorted((self._latest_load_start(m), m) for m in spill))]
 
 
 class ReferenceClockwork(ClockworkScheduler):

@@ -33,6 +33,7 @@ from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.time import ms_to_ns
 
 LoadIssuer = Callable[[DeviceState, str, list[str], int, Decisions], None]
+Tiers = list[tuple["Tier", list[tuple[int, str]]]]  # each tier's (sort key, model) entries, in load order
 PageCount = Callable[[str, DeviceState], int]
 
 
@@ -86,13 +87,29 @@ class LoadPlanner:
         free = self._residency.load_due.due(limit)
         if not free:
             return
-        candidates, device_load = self._candidates(now_ns)
-        if not candidates:
+        tiers, device_load = self._candidates(now_ns)
+        if not any(entries for _, entries in tiers):
             return
         free.sort(key=lambda d: d.load_lane.free_ns)
+        issued: dict[Tier, set[str]] = {}  # per tier, the models loaded this pass (a model may stand in two tiers)
         for device in free:
-            for index, (tier, _, model) in enumerate(candidates):
-                if device.holds(model):
+            self._load_one(device, tiers, issued, device_load, now_ns, decisions, issue)
+
+    def _load_one(
+        self,
+        device: DeviceState,
+        tiers: Tiers,
+        issued: dict[Tier, set[str]],
+        device_load: dict[int, float],
+        now_ns: int,
+        decisions: Decisions,
+        issue: LoadIssuer,
+    ) -> None:
+        """Load on ``device`` the first candidate, in load order, that it can take."""
+        for tier, entries in tiers:
+            taken = issued.get(tier, ())
+            for _, model in entries:  # mostly held by the device or unable to help: read in place, not copied
+                if device.holds(model) or model in taken:
                     continue
                 if tier is Tier.REPLICA and device_load.get(device.spec.device, 0.0) >= 1.0:
                     continue
@@ -105,35 +122,34 @@ class LoadPlanner:
                     continue
                 issue(device, model, victims, now_ns, decisions)
                 self._admission.needs_replica.discard(model)
-                del candidates[index]
-                break
+                issued.setdefault(tier, set()).add(model)
+                return
 
-    def _candidates(self, now_ns: int) -> tuple[list[tuple[Tier, int, str]], dict[int, float]]:
-        """Every model worth loading, in load order, and the demand on each device (for replicas)."""
-        candidates = self._urgent()
+    def _candidates(self, now_ns: int) -> tuple[Tiers, dict[int, float]]:
+        """Every model worth loading, tier by tier in load order, and the demand on each device (for replicas)."""
+        tiers = self._urgent()
         kind = self._residency.kinds[0]
-        candidates += sorted(
-            (Tier.TURNED_AWAY, -int(1e9 * self._admission.model_demand(m, now_ns, kind)), m) for m in self.turned_away
-        )
+        turned_away = sorted((-int(1e9 * self._admission.model_demand(m, now_ns, kind)), m) for m in self.turned_away)
+        tiers.append((Tier.TURNED_AWAY, turned_away))
         device_load: dict[int, float] = {}
         if len(self._residency.devices) == 1:
-            return candidates, device_load  # a replica needs a second device: no demand to weigh
+            return tiers, device_load  # a replica needs a second device: no demand to weigh
         if now_ns - self._last_replication_check_ns >= ms_to_ns(self.config.replication_check_ms):
             self._last_replication_check_ns = now_ns
             priorities, device_load = self.load_priorities(now_ns)
             threshold = self.config.replica_min_demand
             ranked = sorted((-p, m) for m, p in priorities.items() if p >= threshold and m in self._residency.holders)
-            candidates += [(Tier.REPLICA, rank, model) for rank, (_, model) in enumerate(ranked)]
-        return candidates, device_load
+            tiers.append((Tier.REPLICA, [(rank, model) for rank, (_, model) in enumerate(ranked)]))
+        return tiers, device_load
 
-    def _urgent(self) -> list[tuple[Tier, int, str]]:
-        """The ``COLD`` and ``SPILL`` tiers, in load order."""
+    def _urgent(self) -> Tiers:
+        """The ``COLD`` and ``SPILL`` tiers, in load order (``TierOrder``'s lists themselves: nothing
+        changes them until the next call)."""
         head_moved = self._queues.head_moved
         self._cold.update(head_moved)
         self._spill.update(head_moved)
         head_moved.clear()
-        candidates = [(Tier.COLD, key, model) for key, model in self._cold.order]
-        return candidates + [(Tier.SPILL, key, model) for key, model in self._spill.order]
+        return [(Tier.COLD, self._cold.order), (Tier.SPILL, self._spill.order)]
 
     def _latest_load_start(self, model: str) -> int:
         """Latest time a load of ``model`` may start and still serve its most urgent request

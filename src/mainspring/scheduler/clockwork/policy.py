@@ -247,17 +247,13 @@ class ClockworkScheduler(PolicyBookkeeping):
         Checked on every pass (every ``replication_check_ms`` instead raised the Azure x30 window
         from 2 to 1,196 misses), but only for models with such a request: a heap of strand times
         finds them, so the cost does not grow with the devices' waiting models."""
-        stranded, needs_replica, cold, settled = (
-            self._stranded,
-            self.admission.needs_replica,
-            self.residency.cold,
-            self._settled,
-        )
+        stranded, active, settled = self._stranded, self._active_strands, self._settled
+        needs_replica, cold = self.admission.needs_replica, self.residency.cold
         # Skipped until that changes: models waiting for their replica, cold ones (no holder to be
         # stranded behind; their load is planned anyway), and ones the replicas on the way cover.
-        # ``active`` holds the rest (and some of those, dropped when reached): taking the difference
-        # of the sets on every pass cost as much as the checks (hundreds of parked models at 150 devices).
-        active = self._active_strands  # see ``_take_changes``
+        # ``active`` holds the rest (and some of those, dropped when reached; kept by ``_take_changes``):
+        # taking the difference of the sets on every pass cost as much as the checks (hundreds of
+        # parked models at 150 devices).
         for model in self.queues.newly_stranded(now_ns):
             stranded.add(model)
             active.add(model)

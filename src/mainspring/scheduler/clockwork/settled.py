@@ -14,23 +14,26 @@ model on every pass (``tests/scheduler/test_indices.py``).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, KeysView
 
 
 class SettledStrands:
     """Covered stranded models, each with the devices whose exec lanes its cover counts."""
 
     def __init__(self) -> None:
-        self.models: set[str] = set()
         self.released: set[str] = set()  # models set free since the policy last cleared this
-        self._until: dict[str, int] = {}
+        self._until: dict[str, int] = {}  # the models set aside, each until when
         self._devices_of: dict[str, tuple[int, ...]] = {}
         self._on_device: dict[int, set[str]] = {}  # device -> models whose cover counts its exec lane
         self._by_time: list[tuple[int, str]] = []  # (until, model); stale entries are skipped
 
+    @property
+    def models(self) -> KeysView[str]:
+        """The models set aside."""
+        return self._until.keys()
+
     def settle(self, model: str, until_ns: int, devices: tuple[int, ...]) -> None:
         """``model`` is covered as long as nothing changes and the clock stays at or before ``until_ns``."""
-        self.models.add(model)
         self._until[model] = until_ns
         self._devices_of[model] = devices
         for device in devices:
@@ -41,7 +44,6 @@ class SettledStrands:
         for model in models:
             if self._until.pop(model, None) is None:
                 continue
-            self.models.discard(model)
             self.released.add(model)
             for device in self._devices_of.pop(model):
                 on_device = self._on_device.get(device)
@@ -65,8 +67,7 @@ class SettledStrands:
 
     def clear(self) -> None:
         """Every model is checked again (e.g. a kind's estimates moved)."""
-        self.released.update(self.models)
-        self.models.clear()
+        self.released.update(self._until)
         self._until.clear()
         self._devices_of.clear()
         self._on_device.clear()

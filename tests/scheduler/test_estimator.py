@@ -73,3 +73,23 @@ def test_a_window_no_longer_measured_is_forgotten() -> None:
     assert estimator.exec_ns("a", 2, "v100") == 3_100_000  # measured within the age: its window is kept
     estimator.expire(2_000)
     assert estimator.exec_ns("a", 2, "v100") == 3_000_000  # nothing measured for the age: the profile
+
+
+def test_a_models_table_follows_each_new_measurement_and_the_kinds_ratio() -> None:
+    """The whole table a planner reads for a model (``exec_table``) agrees with each size's estimate
+    after every measurement, including the first at a size (a new window) and the ratio's moves."""
+    sizes = (1, 2, 4, 8)
+    for borrow in (True, False):
+        estimator = Estimator(PROFILES, borrow_kind_ratio=borrow)
+        assert estimator.exec_table("a", sizes, "v100") == [2_000_000, 3_000_000, 5_000_000, 9_000_000]
+        steps = [("b", 1, 4_000_000), ("a", 4, 6_000_000), ("a", 4, 4_000_000), ("a", 2, 1_000_000)] * 6
+        for model, size, measured in steps:
+            estimator.observe_exec(model, size, "v100", measured, at_ns=0)
+            for name in ("a", "b"):
+                expected = [estimator.exec_ns(name, size, "v100") for size in sizes]
+                assert estimator.exec_table(name, sizes, "v100") == expected
+        # Measured windows override the profile: a's size 4 (full: its p99) and b's size 1.
+        assert estimator.exec_table("a", sizes, "v100")[2] == 6_000_000
+        assert estimator.exec_table("b", sizes, "v100")[0] == 4_000_000
+    estimator.forget("a")
+    assert estimator.exec_table("a", sizes, "v100") == [2_000_000, 3_000_000, 5_000_000, 9_000_000]

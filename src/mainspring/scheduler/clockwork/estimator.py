@@ -63,6 +63,8 @@ class RollingPercentile:
 
 
 PPM = 1_000_000
+# per (model, kind), for ``Estimator.exec_table``: sizes, their profile figures, (position, window) of those measured
+_Row = tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, "RollingPercentile"], ...]]
 KIND_WINDOW = 100
 
 
@@ -94,6 +96,7 @@ class Estimator:
         self._kind_percentiles = kind_percentiles  # device kinds estimated at their own percentile
         self._borrow = borrow_kind_ratio  # False: Clockwork's own estimator (profile until measured)
         self._exec: dict[tuple[str, int, str], RollingPercentile] = {}
+        self._rows: dict[tuple[str, str], _Row] = {}  # (model, kind) -> see ``exec_table``
         self._load: dict[tuple[str, str], RollingPercentile] = {}
         self._exec_ratio: dict[str, RollingPercentile] = {}
         self._load_ratio: dict[str, RollingPercentile] = {}
@@ -104,6 +107,8 @@ class Estimator:
 
     def forget(self, model: str) -> None:
         """Drop a model's measurements (it was unloaded; a new version starts from its profile)."""
+        for row_key in [k for k in self._rows if k[0] == model]:
+            del self._rows[row_key]
         for key in [k for k in self._exec if k[0] == model]:
             del self._exec[key]
             self._changed((model, key[2]))
@@ -115,6 +120,12 @@ class Estimator:
         if entry is None:
             entry = table[key] = RollingPercentile(profiled, self._window, self._percentile_of(kind))
         return entry
+
+    def _exec_window(self, model: str, batch_size: int, kind: str, profiled: int) -> RollingPercentile:
+        key = (model, batch_size, kind)
+        if key not in self._exec:
+            self._rows.pop((model, kind), None)  # ``exec_table`` must find the new window
+        return self._entry(self._exec, key, kind, profiled)
 
     def _ratio(self, table: dict[str, RollingPercentile], kind: str) -> RollingPercentile:
         entry = table.get(kind)
@@ -143,17 +154,37 @@ class Estimator:
 
     def exec_table(self, model: str, sizes: tuple[int, ...], kind: str) -> list[int]:
         """``exec_ns`` of each of ``sizes``, in one go: the planner recomputes a model's whole table
-        whenever the kind's ratio moves (every model not yet fully measured borrows it)."""
-        exec_windows, profiled = self._exec, self._profiles[model].exec_ns
+        whenever the kind's ratio moves (every ~4 ms at 32 devices; every model not yet fully
+        measured borrows it), so the profile figures and the windows are found once per model
+        (``_row``) and the ratio is applied to them all, then the windows measured override it."""
+        row = self._rows.get((model, kind))
+        if row is None or row[0] != sizes:
+            row = self._row(model, sizes, kind)
+        _, profiled, windows = row
+        if not self._borrow:
+            estimates = list(profiled)
+            for i, entry in windows:
+                if entry.count:
+                    estimates[i] = entry.value
+            return estimates
         ratio = self._exec_ratio.get(kind)
-        estimates = []
-        for size in sizes:
-            entry = exec_windows.get((model, size, kind))
-            if entry is not None and entry.full:
-                estimates.append(entry.value)
-            else:
-                estimates.append(self._estimate(entry, ratio, profiled[size]))
+        if ratio is None:
+            estimates = list(profiled)
+        else:
+            scale = ratio.value
+            estimates = [p * scale // PPM for p in profiled]
+        for i, entry in windows:  # a full window is the estimate; a partial one is at least the ratio's
+            if entry.count and (entry.full or entry.value > estimates[i]):
+                estimates[i] = entry.value
         return estimates
+
+    def _row(self, model: str, sizes: tuple[int, ...], kind: str) -> _Row:
+        """``exec_table``'s profile figures of ``sizes`` and the windows they have, by position."""
+        profiled = self._profiles[model].exec_ns
+        found = [(i, self._exec.get((model, size, kind))) for i, size in enumerate(sizes)]
+        windows = tuple((i, entry) for i, entry in found if entry is not None)
+        row = self._rows[(model, kind)] = (sizes, tuple(profiled[size] for size in sizes), windows)
+        return row
 
     def load_ns(self, model: str, kind: str) -> int:
         entry = self._load.get((model, kind))
@@ -161,7 +192,7 @@ class Estimator:
 
     def observe_exec(self, model: str, batch_size: int, kind: str, measured_ns: int, at_ns: int) -> None:
         profiled = self._profiles[model].exec_ns[batch_size]
-        entry = self._entry(self._exec, (model, batch_size, kind), kind, profiled)
+        entry = self._exec_window(model, batch_size, kind, profiled)
         self._add(entry, measured_ns, at_ns, True, (model, kind))
         self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False, kind)
 
@@ -174,7 +205,7 @@ class Estimator:
         """A probe's measurement replaces the window: the whole window, so that neither older values
         nor the kind's ratio (which lifts windows not yet full) keep the estimate that refused it."""
         profiled = self._profiles[model].exec_ns[batch_size]
-        entry = self._entry(self._exec, (model, batch_size, kind), kind, profiled)
+        entry = self._exec_window(model, batch_size, kind, profiled)
         entry.clear()
         for _ in range(self._window):
             self._add(entry, measured_ns, at_ns, True, (model, kind))

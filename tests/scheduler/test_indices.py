@@ -74,6 +74,10 @@ class SortingLoads(LoadPlanner):
 
 
 class ReferenceClockwork(ClockworkScheduler):
+    def _weigh(self, device: DeviceState, start_ns: int, now_ns: int) -> list[_Choice]:
+        choices = (self._best_batch(device, model, start_ns, now_ns) for model in sorted(device.waiting))
+        return [choice for choice in choices if choice is not None]  # no inline lone path
+
     def _best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> _Choice | None:
         if model in device.loading:
             return None
@@ -141,6 +145,7 @@ def logs(tmp_path: Path, workload: Workload, config: SimulationConfig, copies: i
     slo_ms=st.sampled_from([10, 25, 100, 500]),
     seed=st.integers(0, 1000),
     zipf=st.booleans(),
+    latency_ms=st.sampled_from([0.0, 0.0, 0.5, 2.0]),  # the deadline margin planned for
 )
 def test_indexed_policy_decides_as_the_scanning_reference(
     tmp_path_factory: pytest.TempPathFactory,
@@ -150,10 +155,12 @@ def test_indexed_policy_decides_as_the_scanning_reference(
     slo_ms: int,
     seed: int,
     zipf: bool,
+    latency_ms: float,
 ) -> None:
     tmp_path = tmp_path_factory.mktemp("indices")
     workload = PoissonOpenLoop(rate_per_device * devices, "zipf" if zipf else "uniform")
-    config = SimulationConfig(duration_ns=NS_PER_S, devices=devices, seed=seed, slo_ns=ms_to_ns(slo_ms))
+    latency = ms_to_ns(latency_ms)
+    config = SimulationConfig(NS_PER_S, devices, seed=seed, slo_ns=ms_to_ns(slo_ms), network_latency_ns=latency)
     indexed = logs(tmp_path, workload, config, copies, reference=False)
     assert indexed.count(b"\n") > 10
     assert indexed == logs(tmp_path, workload, config, copies, reference=True)

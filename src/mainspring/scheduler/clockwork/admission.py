@@ -92,6 +92,15 @@ class Admission:
         rate = self._arrivals.get(model)
         return 0.0 if rate is None else rate.value(now_ns) * self._shapes.fastest_ns(model, kind)
 
+    def model_demands(self, models: list[str], now_ns: int, kind: str) -> dict[str, float]:
+        """``model_demand`` of each of ``models`` (the replica check asks it of every queued model)."""
+        arrivals, fastest_ns = self._arrivals, self._shapes.fastest_ns
+        demands = {}
+        for model in models:
+            rate = arrivals.get(model)
+            demands[model] = 0.0 if rate is None else rate.value(now_ns) * fastest_ns(model, kind)
+        return demands
+
     # --- the decision -------------------------------------------------------------------------
     def rejection(self, request: Request, now_ns: int) -> Refusal | None:
         """Why ``request`` must be rejected now, or None to queue it."""

@@ -178,7 +178,7 @@ class LoadPlanner:
         device_load = {d.spec.device: d.demand.value(now_ns) for d in residency.devices}
         kind = residency.kinds[0]
         models = self._queues.models()
-        wanted = {model: self._admission.model_demand(model, now_ns, kind) for model in models}
+        wanted = self._admission.model_demands(models, now_ns, kind)
         priorities = self._minus_served(wanted, device_load)
         if self.config.queue_demand:
             queued = {model: self.queue_demand(model, now_ns) for model in models}
@@ -194,8 +194,13 @@ class LoadPlanner:
 
     def _minus_served(self, wanted: dict[str, float], device_load: dict[int, float]) -> dict[str, float]:
         priorities = {}
+        all_holders = self._residency.holders
         for model, demand in wanted.items():
-            holders = self._residency.holders.get(model, ())
+            holders = all_holders.get(model, ())
+            if len(holders) == 1:  # most models: the sum of one term, without the generator
+                for d in holders:
+                    priorities[model] = demand - demand / max(1.0, device_load.get(d, 0.0))
+                continue
             served = sum(demand / len(holders) / max(1.0, device_load.get(d, 0.0)) for d in holders)
             priorities[model] = demand - served
         return priorities

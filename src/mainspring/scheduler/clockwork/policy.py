@@ -352,7 +352,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         general way."""
         choices = []
         loading, queues, margin = device.loading, self.queues, self._margin_ns
-        estimates, kind = self.shapes.estimates, device.kind
+        kind = device.kind
+        kept, estimates = self.shapes.of_kind(kind), self.shapes.estimates
         lone = self.config.monotone_estimates
         for model in sorted(device.waiting):
             if model in loading:
@@ -361,7 +362,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             if lone and queue.count == 1:
                 head = queue.head()
                 if head is not None:
-                    size, exec_ns = estimates(model, kind)[0][0]
+                    size, exec_ns = (kept.get(model) or estimates(model, kind))[0][0]
                     deadline = head.deadline_ns
                     if deadline - margin - start_ns >= exec_ns:
                         choices.append(_Choice(deadline - start_ns - exec_ns, model, start_ns, 1, size, deadline))

@@ -9,6 +9,8 @@ from mainspring.models.profile import ModelProfile
 from mainspring.scheduler.clockwork.estimator import Estimator
 from mainspring.scheduler.clockwork.tracker import NEVER
 
+Estimates = tuple[tuple[tuple[int, int], ...], int]  # a model's (size, estimate) table and its least estimate
+
 
 class BatchShapes:
     """Supported batch sizes (capped at ``max_batch_size``), padding, and queued work in estimates."""
@@ -22,7 +24,7 @@ class BatchShapes:
         self._monotone = monotone
         self._sizes: dict[str, tuple[int, ...]] = {}
         # kind -> model -> its sizes with their estimates, and the least estimate (see ``estimates``)
-        self._estimates: dict[str, dict[str, tuple[tuple[tuple[int, int], ...], int]]] = {}
+        self._estimates: dict[str, dict[str, Estimates]] = {}
         estimator.watch(self._estimates_changed)
 
     def forget(self, model: str) -> None:
@@ -34,7 +36,7 @@ class BatchShapes:
         by_model = self._estimates.get(kind)
         if by_model is not None:
             if model is None:
-                self._estimates[kind] = {}
+                by_model.clear()  # in place: ``of_kind`` hands out this dict
             else:
                 by_model.pop(model, None)
 
@@ -65,31 +67,40 @@ class BatchShapes:
         smallest size's, with monotone estimates). Not the smallest size's raw estimate: one stall in
         its window (a live CPU worker measured 104 ms for a 15 ms batch) would turn every lone request
         away while a larger size's sane estimate says it can be served."""
-        return self.estimates(model, kind)[1]
+        by_model = self._estimates.get(kind)
+        cached = None if by_model is None else by_model.get(model)
+        return (cached or self.estimates(model, kind))[1]
 
-    def estimates(self, model: str, kind: str) -> tuple[tuple[tuple[int, int], ...], int]:
+    def estimates(self, model: str, kind: str) -> Estimates:
         """``((size, estimate), ...)`` for the model's sizes, smallest first, and the least estimate.
         Kept until the estimator reports a change that could move them: the planner reads them for
         every waiting model on every pass, and most have not been measured since."""
+        cached = self.of_kind(kind).get(model)
+        if cached is None:
+            sizes = self._sizes.get(model) or self.sizes(model)
+            estimates = self._monotone_estimates(model, sizes, kind)
+            cached = self._estimates[kind][model] = (tuple(zip(sizes, estimates, strict=True)), min(estimates))
+        return cached
+
+    def of_kind(self, kind: str) -> dict[str, Estimates]:
+        """The kind's ``estimates`` kept so far, by model: a loop over many models reads this
+        dict itself (``estimates`` on a miss). Changes are made in place, so it stays current."""
         by_model = self._estimates.get(kind)
         if by_model is None:
             by_model = self._estimates[kind] = {}
-        cached = by_model.get(model)
-        if cached is None:
-            estimates = self._estimates_of(model, kind)
-            cached = by_model[model] = (tuple(zip(self.sizes(model), estimates, strict=True)), min(estimates))
-        return cached
+        return by_model
 
     def table(self, model: str, kind: str) -> tuple[tuple[int, int], ...]:
         """The (size, estimate) table, computed afresh. With ``monotone`` a size's estimate is at most
         any larger size's: a batch runs no slower than a larger one (padding it would make it that
         one), so one spike in a small size's window neither stops that size from running (and being
         measured again) nor makes a larger padded batch look the faster choice."""
-        return tuple(zip(self.sizes(model), self._estimates_of(model, kind), strict=True))
+        sizes = self.sizes(model)
+        return tuple(zip(sizes, self._monotone_estimates(model, sizes, kind), strict=True))
 
-    def _estimates_of(self, model: str, kind: str) -> list[int]:
+    def _monotone_estimates(self, model: str, sizes: tuple[int, ...], kind: str) -> list[int]:
         """``table``'s estimates alone: recomputed for most models whenever the kind's ratio moves."""
-        estimates = self.estimator.exec_table(model, self.sizes(model), kind)
+        estimates = self.estimator.exec_table(model, sizes, kind)
         if self._monotone:
             for i in range(len(estimates) - 2, -1, -1):
                 if estimates[i + 1] < estimates[i]:

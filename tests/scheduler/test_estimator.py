@@ -1,3 +1,5 @@
+import math
+
 from mainspring.scheduler.clockwork.estimator import DecayingRate, Estimator, RollingPercentile
 from tests.fakes import profile
 
@@ -93,3 +95,18 @@ def test_a_models_table_follows_each_new_measurement_and_the_kinds_ratio() -> No
         assert estimator.exec_table("b", sizes, "v100")[0] == 4_000_000
     estimator.forget("a")
     assert estimator.exec_table("a", sizes, "v100") == [2_000_000, 3_000_000, 5_000_000, 9_000_000]
+
+
+def test_reading_a_decaying_rate_does_not_change_it() -> None:
+    """Readers may skip reads (the replica check skips its scan): a value depends on what was added
+    and when, not on when it was read."""
+    read_often, read_never = DecayingRate(tau_ns=1_000), DecayingRate(tau_ns=1_000)
+    for rate in (read_often, read_never):
+        rate.add(500, now_ns=100)
+    for now in range(101, 2_000, 37):
+        read_often.value(now)
+    for rate in (read_often, read_never):
+        rate.add(300, now_ns=2_000)
+        rate.add(100, now_ns=1_500)  # a result reported late: added at the newer time's value
+    assert read_often.value(2_500) == read_never.value(2_500)
+    assert read_often.value(2_000) == read_never.value(2_000) == 500 / 1_000 * math.exp(-1.9) + 0.4

@@ -65,7 +65,11 @@ class UncachedShapes(BatchShapes):
 
 
 class SortingLoads(LoadPlanner):
-    """Load planning with every cold and spill model sorted on every pass (no ``TierOrder``)."""
+    """Load planning with every cold and spill model sorted on every pass (no ``TierOrder``), and
+    replica priorities weighed at every check (not skipped when no free device has room)."""
+
+    def _replica_room(self, free: list[DeviceState], now_ns: int) -> bool:
+        return True
 
     def _urgent(self) -> Tiers:
         cold = sorted((self._latest_load_start(m), m) for m in self._residency.cold)

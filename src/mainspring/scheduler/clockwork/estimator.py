@@ -257,20 +257,30 @@ class Estimator:
 
 class DecayingRate:
     """Exponentially decaying sum of work per unit time: the share of a device that
-    arrivals have recently asked for (1.0: all of it). ``tau_ns`` sets the memory."""
+    arrivals have recently asked for (1.0: all of it). ``tau_ns`` sets the memory.
 
-    __slots__ = ("_at_ns", "_tau_ns", "_value")
+    Reading does not change it: a value depends on what was added and when, not on when it
+    was read, so a reader may skip reads it does not need (decayed at each read, the float
+    it held drifted with every read taken)."""
+
+    __slots__ = ("_at_ns", "_read", "_read_ns", "_tau_ns", "_value")
 
     def __init__(self, tau_ns: int) -> None:
         self._tau_ns = tau_ns
         self._value = 0.0
-        self._at_ns = 0
+        self._at_ns = 0  # when ``_value`` was last added to
+        self._read_ns = -1  # the last read after that, and its value (read again within the pass)
+        self._read = 0.0
 
     def value(self, now_ns: int) -> float:
-        if now_ns > self._at_ns:
-            self._value *= math.exp((self._at_ns - now_ns) / self._tau_ns)
-            self._at_ns = now_ns
-        return self._value
+        if now_ns <= self._at_ns:
+            return self._value
+        if now_ns != self._read_ns:
+            self._read_ns = now_ns
+            self._read = self._value * math.exp((self._at_ns - now_ns) / self._tau_ns)
+        return self._read
 
     def add(self, work_ns: float, now_ns: int) -> None:
         self._value = self.value(now_ns) + work_ns / self._tau_ns
+        self._at_ns = max(self._at_ns, now_ns)
+        self._read_ns = -1

@@ -37,6 +37,9 @@ Tiers = list[tuple["Tier", list[tuple[int, str]]]]  # each tier's (sort key, mod
 PageCount = Callable[[str, DeviceState], int]
 
 
+FULL_MARGIN = 1e-9  # far above the rounding of a sum of device shares taken in another order
+
+
 class Tier(enum.IntEnum):
     COLD = 0
     SPILL = 1
@@ -87,7 +90,7 @@ class LoadPlanner:
         free = self._residency.load_due.due(limit)
         if not free:
             return
-        tiers, device_load = self._candidates(now_ns)
+        tiers, device_load = self._candidates(now_ns, free)
         if not any(entries for _, entries in tiers):
             return
         free.sort(key=lambda d: d.load_lane.free_ns)
@@ -125,8 +128,9 @@ class LoadPlanner:
                 issued.setdefault(tier, set()).add(model)
                 return
 
-    def _candidates(self, now_ns: int) -> tuple[Tiers, dict[int, float]]:
-        """Every model worth loading, tier by tier in load order, and the demand on each device (for replicas)."""
+    def _candidates(self, now_ns: int, free: list[DeviceState]) -> tuple[Tiers, dict[int, float]]:
+        """Every model worth loading on the ``free`` devices, tier by tier in load order, and the demand
+        on each device (for replicas)."""
         tiers = self._urgent()
         kind = self._residency.kinds[0]
         turned_away = sorted((-int(1e9 * self._admission.model_demand(m, now_ns, kind)), m) for m in self.turned_away)
@@ -136,6 +140,8 @@ class LoadPlanner:
             return tiers, device_load  # a replica needs a second device: no demand to weigh
         if now_ns - self._last_replication_check_ns >= ms_to_ns(self.config.replication_check_ms):
             self._last_replication_check_ns = now_ns
+            if not self._replica_room(free, now_ns):
+                return tiers, device_load
             priorities, device_load = self.load_priorities(now_ns)
             threshold = self.config.replica_min_demand
             ranked = sorted((-p, m) for m, p in priorities.items() if p >= threshold and m in self._residency.holders)
@@ -191,6 +197,22 @@ class LoadPlanner:
                 priorities[model] = max(priorities[model], p)
             device_load = {d: max(load, queue_load.get(d, 0.0)) for d, load in device_load.items()}
         return priorities, device_load
+
+    def _replica_room(self, free: list[DeviceState], now_ns: int) -> bool:
+        """Could any of the ``free`` devices take a replica? Not one whose demand (``load_priorities``'
+        device load) is at least all of it: then the check over every queued model (a few ms
+        each 10 ms at 32 devices) is skipped, as its replicas would be. A device's queued demand
+        is summed in another order than there, hence the margin: skipped only when surely full."""
+        for device in free:
+            if device.demand.value(now_ns) >= 1.0:
+                continue
+            if not self.config.queue_demand:
+                return True
+            holders = self._residency.holders
+            queued = sum(self.queue_demand(model, now_ns) / len(holders[model]) for model in device.waiting)
+            if queued < 1.0 + FULL_MARGIN:
+                return True
+        return False
 
     def _minus_served(self, wanted: dict[str, float], device_load: dict[int, float]) -> dict[str, float]:
         priorities = {}

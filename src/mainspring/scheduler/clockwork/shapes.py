@@ -75,11 +75,13 @@ class BatchShapes:
         """``((size, estimate), ...)`` for the model's sizes, smallest first, and the least estimate.
         Kept until the estimator reports a change that could move them: the planner reads them for
         every waiting model on every pass, and most have not been measured since."""
-        cached = self.of_kind(kind).get(model)
+        by_model = self._estimates.get(kind)
+        cached = None if by_model is None else by_model.get(model)
         if cached is None:
             sizes = self._sizes.get(model) or self.sizes(model)
             estimates = self._monotone_estimates(model, sizes, kind)
-            cached = self._estimates[kind][model] = (tuple(zip(sizes, estimates, strict=True)), min(estimates))
+            least = estimates[0] if self._monotone else min(estimates)  # monotone: the smallest size's
+            cached = self.of_kind(kind)[model] = (tuple(zip(sizes, estimates, strict=True)), least)
         return cached
 
     def of_kind(self, kind: str) -> dict[str, Estimates]:
@@ -101,10 +103,13 @@ class BatchShapes:
     def _monotone_estimates(self, model: str, sizes: tuple[int, ...], kind: str) -> list[int]:
         """``table``'s estimates alone: recomputed for most models whenever the kind's ratio moves."""
         estimates = self.estimator.exec_table(model, sizes, kind)
-        if self._monotone:
+        if self._monotone:  # each size's estimate at most any larger size's: the least from its size up
+            least = estimates[-1]
             for i in range(len(estimates) - 2, -1, -1):
-                if estimates[i + 1] < estimates[i]:
-                    estimates[i] = estimates[i + 1]
+                if estimates[i] > least:
+                    estimates[i] = least
+                else:
+                    least = estimates[i]
         return estimates
 
     def exec_ns(self, model: str, size: int, kind: str) -> int:

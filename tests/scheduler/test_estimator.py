@@ -1,4 +1,8 @@
 import math
+from collections import deque
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mainspring.scheduler.clockwork.estimator import DecayingRate, Estimator, RollingPercentile
 from tests.fakes import profile
@@ -110,3 +114,32 @@ def test_reading_a_decaying_rate_does_not_change_it() -> None:
         rate.add(100, now_ns=1_500)  # a result reported late: added at the newer time's value
     assert read_often.value(2_500) == read_never.value(2_500)
     assert read_often.value(2_000) == read_never.value(2_000) == 500 / 1_000 * math.exp(-1.9) + 0.4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.integers(1, 12),
+    percentile=st.sampled_from([50.0, 90.0, 99.0, 100.0]),
+    steps=st.lists(st.one_of(st.integers(0, 30), st.sampled_from(["drop", "clear"])), max_size=80),
+)
+def test_a_window_percentile_is_the_nearest_rank_of_its_last_values(
+    window: int, percentile: float, steps: list[int | str]
+) -> None:
+    """The percentile kept up to date as values come and go (repeats included) is the one a sort of
+    the window's values gives."""
+    rolling, last = RollingPercentile(-1, window, percentile), deque[int](maxlen=window)
+    for step in steps:
+        if step == "clear":
+            rolling.clear()
+            last.clear()
+        elif step == "drop":
+            if last:
+                rolling.drop_oldest()
+                last.popleft()
+        else:
+            assert isinstance(step, int)
+            rolling.add(step)
+            last.append(step)
+        ordered = sorted(last)
+        expected = ordered[max(1, math.ceil(percentile / 100 * len(ordered))) - 1] if ordered else -1
+        assert (rolling.value, rolling.count, rolling.full) == (expected, len(last), len(last) == window)

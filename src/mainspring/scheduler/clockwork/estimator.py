@@ -9,6 +9,7 @@ admitted and no new measurement ever replaces it.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
@@ -20,12 +21,14 @@ _K = TypeVar("_K", bound=Hashable)
 
 
 class RollingPercentile:
-    """The ``percentile`` of the last ``window`` values (nearest rank), cached between updates."""
+    """The ``percentile`` of the last ``window`` values (nearest rank), cached between updates. The
+    values are also kept sorted (a kind's window of 100 is updated with every result)."""
 
-    __slots__ = ("_percentile", "_seed", "_values", "added", "count", "full", "value")
+    __slots__ = ("_percentile", "_seed", "_sorted", "_values", "added", "count", "full", "value")
 
     def __init__(self, seed_value: int, window: int, percentile: float) -> None:
         self._values: deque[int] = deque(maxlen=window)
+        self._sorted: list[int] = []
         self._percentile = percentile
         self._seed = seed_value
         self.value = seed_value
@@ -34,7 +37,10 @@ class RollingPercentile:
         self.full = False
 
     def add(self, measured: int) -> None:
+        if self.full:
+            self._unsort(self._values[0])  # the deque drops it on append
         self._values.append(measured)
+        bisect.insort(self._sorted, measured)
         self.added += 1
         self._update()
 
@@ -43,12 +49,16 @@ class RollingPercentile:
         return serial > self.added - len(self._values)
 
     def drop_oldest(self) -> None:
-        self._values.popleft()
+        self._unsort(self._values.popleft())
         self._update()
 
     def clear(self) -> None:
         self._values.clear()
+        self._sorted.clear()
         self._update()
+
+    def _unsort(self, value: int) -> None:
+        del self._sorted[bisect.bisect_left(self._sorted, value)]
 
     def _update(self) -> None:
         values = self._values
@@ -57,9 +67,8 @@ class RollingPercentile:
         if not values:
             self.value = self._seed
             return
-        ordered = sorted(values)
         rank = max(1, math.ceil(self._percentile / 100.0 * self.count))
-        self.value = ordered[rank - 1]
+        self.value = self._sorted[rank - 1]
 
 
 PPM = 1_000_000

@@ -61,6 +61,8 @@ class _Choice(NamedTuple):
     skip: int = 0  # most urgent requests passed over (they stay queued; see ``_keep_backlog_whole``)
 
 
+_new_choice = tuple.__new__  # a _Choice from its fields' tuple, without the named tuple's Python-level __new__
+
 # A refusing estimate this far above the model's profile is taken for a stale stall and probed.
 STALE_OVER_PROFILE = 1.5
 
@@ -365,7 +367,8 @@ class ClockworkScheduler(PolicyBookkeeping):
                     size, exec_ns = (kept.get(model) or estimates(model, kind))[0][0]
                     deadline = head.deadline_ns
                     if deadline - margin - start_ns >= exec_ns:
-                        choices.append(_Choice(deadline - start_ns - exec_ns, model, start_ns, 1, size, deadline))
+                        fields = (deadline - start_ns - exec_ns, model, start_ns, 1, size, deadline, 0)
+                        choices.append(_new_choice(_Choice, fields))
                         continue
             choice = self._best_batch(device, model, start_ns, now_ns)
             if choice is not None:

@@ -60,6 +60,11 @@ class _Choice(NamedTuple):
     deadline_ns: int  # of its most urgent request
     skip: int = 0  # most urgent requests passed over (they stay queued; see ``_keep_backlog_whole``)
 
+    @property
+    def exec_ns(self) -> int:
+        """The batch's estimate (its slack is what its deadline leaves after it)."""
+        return self.deadline_ns - self.start_ns - self.slack_ns
+
 
 _new_choice = tuple.__new__  # a _Choice from its fields' tuple, without the named tuple's Python-level __new__
 
@@ -530,7 +535,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         so when the candidates, one batch each in deadline order, cannot all meet their deadlines,
         run the one that serves the most requests per unit of lane time (``docs/scheduler.md``)."""
         kind = device.kind
-        duration = {c.model: self.shapes.exec_ns(c.model, c.batch_size, kind) for c in choices}
+        duration = {c.model: c.exec_ns for c in choices}
         finish = chosen.start_ns
         for choice in sorted(choices):
             finish += duration[choice.model]
@@ -550,7 +555,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         end too late for the next most urgent model, run that model first when the chosen
         one can afford the wait, else shrink the chosen batch so both make it."""
         kind = device.kind
-        chosen_ns = self.shapes.exec_ns(chosen.model, chosen.batch_size, kind)
+        chosen_ns = chosen.exec_ns
         others = [c for c in choices if c.model != chosen.model]
         urgent = min(others, key=lambda c: c.deadline_ns - self.shapes.fastest_ns(c.model, kind))
         urgent_latest_start = urgent.deadline_ns - self._margin_ns - self.shapes.fastest_ns(urgent.model, kind)

@@ -290,6 +290,9 @@ class DecayingRate:
         return self._read
 
     def add(self, work_ns: float, now_ns: int) -> None:
-        self._value = self.value(now_ns) + work_ns / self._tau_ns
-        self._at_ns = max(self._at_ns, now_ns)
+        if now_ns > self._at_ns:
+            self._value = self.value(now_ns) + work_ns / self._tau_ns
+            self._at_ns = now_ns
+        else:  # reported late: added to the newer value, as it stands
+            self._value += work_ns / self._tau_ns
         self._read_ns = -1

@@ -175,15 +175,22 @@ class Admission:
         of their time until this request's deadline. Models within their share pass."""
         model = request.model
         held = self._residency.holding(model)
-        if not any(self.over_share(model, d, now_ns) for d in held):
+        own: list[float] = []  # its demand on each holder: the same on every holder of a kind
+        by_kind: dict[str, float] = {}
+        for d in held:
+            demand = by_kind.get(d.kind)
+            if demand is None:
+                demand = by_kind[d.kind] = self._demand_on(model, d, now_ns)
+            own.append(demand)
+        if not any(o > self._share_given(o, d, now_ns) for o, d in zip(own, held, strict=True)):
             return True
         if self.config.share_protects_only and not any(self._protects(model, d, now_ns) for d in held):
             return True  # every model on its holders is over its fair share: none to protect
         queue = self._queues.get(model)
         count = 1 + (queue.count if queue is not None else 0)
         covered = 0.0  # share of the queued work the holders' shares of time cover until the deadline
-        for d in held:
-            room = max(0, request.deadline_ns - max(now_ns, d.exec_lane.free_ns)) * self._share(model, d, now_ns)
+        for o, d in zip(own, held, strict=True):
+            room = max(0, request.deadline_ns - max(now_ns, d.exec_lane.free_ns)) * self._share_given(o, d, now_ns)
             if self.config.share_full_batch:
                 room = max(room, self._shapes.work_ns(model, self._shapes.sizes(model)[-1], d.kind))
             covered += room / max(1, self._shapes.work_ns(model, count, d.kind))
@@ -203,9 +210,6 @@ class Admission:
             self._protected[device.spec.device] = cached
         below = cached[1]
         return len(below) > (model in below)
-
-    def _share(self, model: str, device: DeviceState, now_ns: int) -> float:
-        return self._share_given(self._demand_on(model, device, now_ns), device, now_ns)
 
     def _demand_on(self, model: str, device: DeviceState, now_ns: int) -> float:
         """Share of ``device`` that ``model``'s recent arrivals asked of it (spread over its holders)."""

@@ -15,6 +15,7 @@ from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
 from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.registry import make_scheduler
 from mainspring.scheduler.timed import TimedScheduler
+from mainspring.sim.collector import fewer_collections
 from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
 from mainspring.telemetry.recorder import Recorder
 from mainspring.telemetry.report import RunReport, build_report
@@ -206,11 +207,12 @@ def simulate(
     limit = config.arrival_window_ns + config.drain_ns
     step = NS_PER_S
     horizon = 0
-    while not run.done() and horizon < limit:
-        horizon = min(horizon + step, limit)
-        run.loop.run(until_ns=horizon, stop=run.done)
-        if progress is not None:
-            progress(min(run.loop.now_ns(), config.arrival_window_ns))
+    with fewer_collections():
+        while not run.done() and horizon < limit:
+            horizon = min(horizon + step, limit)
+            run.loop.run(until_ns=horizon, stop=run.done)
+            if progress is not None:
+                progress(min(run.loop.now_ns(), config.arrival_window_ns))
     run.controller.shutdown("the simulation ended before this request was answered")
     end = run.loop.now_ns()
     report = build_report(

@@ -2,7 +2,7 @@
 
 The reference below finds due devices and the next wake-up by visiting every device, recomputes
 every estimate, asks every holder whether a head is feasible before trying a batch, weighs a queue
-of one request like any other (no ``_lone_batch``), checks every stranded model that is not waiting
+of one request like any other (no lone path in ``_weigh``), checks every stranded model that is not waiting
 for a replica or cold on every pass (no ``SettledStrands``, no active set), and sorts every cold and
 spill model for each load pass, as the policy did before the indices; seeded runs of both must give
 byte-identical action and request logs over device counts, model counts, loads, SLOs and seeds.

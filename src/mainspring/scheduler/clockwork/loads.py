@@ -220,8 +220,8 @@ class LoadPlanner:
         for model, demand in wanted.items():
             holders = all_holders.get(model, ())
             if len(holders) == 1:  # most models: the sum of one term, without the generator
-                for d in holders:
-                    priorities[model] = demand - demand / max(1.0, device_load.get(d, 0.0))
+                (holder,) = holders
+                priorities[model] = demand - demand / max(1.0, device_load.get(holder, 0.0))
                 continue
             served = sum(demand / len(holders) / max(1.0, device_load.get(d, 0.0)) for d in holders)
             priorities[model] = demand - served

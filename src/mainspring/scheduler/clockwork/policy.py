@@ -354,9 +354,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         """Each waiting model's ``_best_batch`` here (those it finds), in model order (sorted: runs
         repeat across processes). This weighs every waiting model for every batch issued (a quarter
         of the policy's time at 32 devices), and most queues hold one request: with monotone
-        estimates such a queue's batch, if it fits, is read here from its smallest size's estimate
-        (``_lone_batch`` without the calls); the rest, and a lone request that does not fit, go the
-        general way."""
+        estimates the smallest size is also the cheapest, so such a queue runs at that size if at
+        all, read here from its estimate. The other queues go the general way."""
         choices = []
         loading, queues, margin = device.loading, self.queues, self._margin_ns
         kind = device.kind
@@ -366,16 +365,17 @@ class ClockworkScheduler(PolicyBookkeeping):
             if model in loading:
                 continue  # planned when the load reports (``_best_batch``)
             queue = queues[model]
-            if lone and queue.count == 1:
-                head = queue.head()
-                if head is not None:
-                    size, exec_ns = (kept.get(model) or estimates(model, kind))[0][0]
-                    deadline = head.deadline_ns
-                    if deadline - margin - start_ns >= exec_ns:
-                        fields = (deadline - start_ns - exec_ns, model, start_ns, 1, size, deadline, 0)
-                        choices.append(_new_choice(_Choice, fields))
-                        continue
-            choice = self._best_batch(device, model, start_ns, now_ns)
+            head = queue.head() if lone and queue.count == 1 else None
+            if head is None:
+                choice = self._best_batch(device, model, start_ns, now_ns)
+            else:
+                size, exec_ns = (kept.get(model) or estimates(model, kind))[0][0]
+                deadline = head.deadline_ns
+                if deadline - margin - start_ns >= exec_ns:
+                    fields = (deadline - start_ns - exec_ns, model, start_ns, 1, size, deadline, 0)
+                    choices.append(_new_choice(_Choice, fields))
+                    continue
+                choice = self._best_batch_of_feasible(device, queue, head, start_ns, now_ns)  # none fits here
             if choice is not None:
                 choices.append(choice)
         return choices
@@ -388,26 +388,12 @@ class ClockworkScheduler(PolicyBookkeeping):
         head = queue.head()
         # A batch that fits here proves the head feasible (this device holds the model, ready by
         # ``start_ns``): only when none fits is it worth asking every holder (``_feasible_head``).
-        lone = queue.count == 1 and self.config.monotone_estimates
-        if head is None:
-            choice = None
-        elif lone:
-            choice = self._lone_batch(device, model, head, start_ns)
-        else:
-            choice = self._batch_within(device, queue, head, start_ns, head.deadline_ns)
+        choice = None if head is None else self._batch_within(device, queue, head, start_ns, head.deadline_ns)
         if choice is None:
             return self._best_batch_of_feasible(device, queue, head, start_ns, now_ns)
-        if lone or not self.config.whole_batches or self._whole(queue, choice):
-            return choice  # a lone request's batch takes the whole queue
+        if not self.config.whole_batches or self._whole(queue, choice):
+            return choice
         return self._keep_backlog_whole(device, queue, start_ns, choice)
-
-    def _lone_batch(self, device: DeviceState, model: str, request: Request, start_ns: int) -> _Choice | None:
-        """``_batch_within`` for a queue of one request, as most queues are: with monotone estimates
-        the smallest size is also the cheapest, so it runs at that size if at all."""
-        size, exec_ns = self.shapes.estimates(model, device.kind)[0][0]
-        if request.deadline_ns - self._margin_ns - start_ns < exec_ns:
-            return None
-        return _Choice(request.deadline_ns - start_ns - exec_ns, model, start_ns, 1, size, request.deadline_ns)
 
     def _best_batch_of_feasible(
         self, device: DeviceState, queue: ModelQueue, head: Request | None, start_ns: int, now_ns: int

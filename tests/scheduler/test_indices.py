@@ -2,7 +2,7 @@
 
 The reference below finds due devices and the next wake-up by visiting every device, recomputes
 every estimate, asks every holder whether a head is feasible before trying a batch, weighs a queue
-of one request like any other (no lone path in ``_weigh``), checks every stranded model that is not waiting
+of one request like any other (no lone path in ``BatchPlanner.weigh``), checks every stranded model that is not waiting
 for a replica or cold on every pass (no ``SettledStrands``, no active set), and sorts every cold and
 spill model for each load pass, as the policy did before the indices; seeded runs of both must give
 byte-identical action and request logs over device counts, model counts, loads, SLOs and seeds.
@@ -20,10 +20,11 @@ from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.protocol import Request
 from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.clockwork import ClockworkScheduler
+from mainspring.scheduler.clockwork.batching import BatchPlanner, Choice
 from mainspring.scheduler.clockwork.loads import LoadPlanner, Tier, Tiers
-from mainspring.scheduler.clockwork.policy import _Choice
 from mainspring.scheduler.clockwork.queues import ModelQueue
 from mainspring.scheduler.clockwork.shapes import BatchShapes
+from mainspring.scheduler.clockwork.strands import StrandCheck
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.scheduler.timed import TimedScheduler
 from mainspring.sim.run import SimulationConfig, simulate
@@ -77,15 +78,15 @@ class SortingLoads(LoadPlanner):
         return [(Tier.COLD, cold), (Tier.SPILL, sorted((self._latest_load_start(m), m) for m in spill))]
 
 
-class ReferenceClockwork(ClockworkScheduler):
-    def _weigh(self, device: DeviceState, start_ns: int, now_ns: int) -> list[_Choice]:
-        choices = (self._best_batch(device, model, start_ns, now_ns) for model in sorted(device.waiting))
+class WeighingEveryQueue(BatchPlanner):
+    def weigh(self, device: DeviceState, start_ns: int, now_ns: int) -> list[Choice]:
+        choices = (self.best_batch(device, model, start_ns, now_ns) for model in sorted(device.waiting))
         return [choice for choice in choices if choice is not None]  # no inline lone path
 
-    def _best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> _Choice | None:
+    def best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> Choice | None:
         if model in device.loading:
             return None
-        queue = self.queues[model]
+        queue = self._queues[model]
         head: Request | None = self._feasible_head(queue, now_ns)
         if head is None:
             return None
@@ -94,16 +95,18 @@ class ReferenceClockwork(ClockworkScheduler):
             choice = self._keep_backlog_whole(device, queue, start_ns, choice)
         return choice
 
-    def _spill_the_stranded(self, now_ns: int, after: float) -> None:
-        stranded, needs_replica = self._stranded, self.admission.needs_replica
-        stranded.update(self.queues.newly_stranded(now_ns))
-        for model in stranded.difference(needs_replica, self.residency.cold):  # no active set: every one
-            queue = self.queues.get(model)
+
+class CheckingEveryStrand(StrandCheck):
+    def spill(self, now_ns: int, after: float) -> None:
+        stranded, needs_replica = self.stranded, self._needs_replica
+        stranded.update(self._queues.newly_stranded(now_ns))
+        for model in stranded.difference(needs_replica, self._residency.cold):  # no active set: every one
+            queue = self._queues.get(model)
             head = None if queue is None else queue.head()
             if queue is None or head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
                 stranded.discard(model)
                 continue
-            holders = self.residency.holding(model)
+            holders = self._residency.holding(model)
             if self._replicas_on_the_way_cover(model, queue, head, holders, now_ns):
                 continue
             if any(device.exec_lane.free_ns > now_ns for device in holders):
@@ -124,7 +127,8 @@ def as_reference(timed: Scheduler) -> Scheduler:
     assert isinstance(timed, TimedScheduler)
     policy = timed.inner
     assert isinstance(policy, ClockworkScheduler)
-    policy.__class__ = ReferenceClockwork
+    policy.batches.__class__ = WeighingEveryQueue
+    policy.strands.__class__ = CheckingEveryStrand
     policy.shapes.__class__ = UncachedShapes
     policy.loads.__class__ = SortingLoads
     residency = policy.residency

@@ -1,6 +1,6 @@
 """Stranded models that replicas on the way already cover, set aside until that could change.
 
-Every pass checks each stranded model (``ClockworkScheduler._spill_the_stranded``). Most of them
+Every pass checks each stranded model (``StrandCheck.spill``). Most of them
 (97% at 32 and at 150 overloaded devices, 32 models a pass at 150) are covered: the holders still
 loading the model can serve its whole queue, so nothing is done, and the next pass asks again.
 Whether they still cover it depends only on the model's queue (its head and its count), the exec

@@ -20,7 +20,7 @@ model, like one CPU worker), stored in the results, and reused by later runs and
 that every server and repeat sees the same loads.
 
     .venv/bin/python benchmarks/scenarios.py [--scenarios S1,S2] [--servers mainspring,triton-expert]
-        [--repeats 1] [--seconds 30]     # then --markdown-only to rewrite BENCHMARKS.md from the results
+        [--repeats 1] [--seconds 30] [--markdown BENCHMARKS.md]   # --markdown-only: rewrite it from the results
 """
 
 from __future__ import annotations
@@ -244,7 +244,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds per point (S2, S4: twice)")
     parser.add_argument("--plots", action="store_true", help="write the latency plots into docs/scenarios/")
     parser.add_argument("--fresh", action="store_true", help="forget earlier results (keep the calibration)")
-    parser.add_argument("--markdown-only", action="store_true", help="only rewrite BENCHMARKS.md from the results")
+    parser.add_argument("--markdown-only", action="store_true", help="only rewrite the table from the results")
+    parser.add_argument("--markdown", type=Path, default=ROOT / "BENCHMARKS.md", help="where the table goes")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
@@ -263,7 +264,7 @@ def main() -> None:
                 # alternate the order between repeats: slow drift of the machine hits every server alike
                 run_scenario(scenario, servers if repeat % 2 == 0 else servers[::-1], results,
                              args.plots and repeat == args.repeats - 1)  # fmt: skip
-    write_markdown(results, ROOT / "BENCHMARKS.md")
+    write_markdown(results, args.markdown)
 
 
 if __name__ == "__main__":

@@ -89,8 +89,9 @@ class ClockworkScheduler(PolicyBookkeeping):
         self._slack_ns = config.window_slack_ns
         self._margin_ns = config.deadline_margin_ns
         self._in_flight: dict[int, _Flight] = {}
-        args = (config, self.residency, self.queues, self.shapes, self.admission)
-        self.batches = BatchPlanner(*args, self._feasible_head)
+        self.batches = BatchPlanner(
+            config, self.residency, self.queues, self.shapes, self.admission, self._feasible_head
+        )
         self.strands = StrandCheck(self.residency, self.queues, self.admission, self.batches.largest_batch_by)
         self.estimator.watch(self.strands.estimates_changed)
         self._measured_ns: dict[str, int] = {}  # per model: its smallest batch's last measurement or probe

@@ -3,7 +3,8 @@
 A change that should leave the policy's decisions alone (a refactor, a faster index) must leave
 every fingerprint as it was; run it before the change with ``--save`` and after it with ``--check``.
 The configurations span one to 150 devices, uniform and Zipf popularity, bursts, a closed loop,
-a tight SLO and the Azure trace with loads and evictions.
+a tight SLO and the Azure trace with loads and evictions on Clockwork's V100 profiles, and a
+noisy CPU device (``closed_loop_noise.py``'s), where the CPU estimate percentile applies.
 
     .venv/bin/python benchmarks/decision_fingerprints.py --save /tmp/before.json
     .venv/bin/python benchmarks/decision_fingerprints.py --check /tmp/before.json [--policy clockwork]
@@ -19,7 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from mainspring.models.profile import builtin_profiles, model_copies
+from closed_loop_noise import CPU_RESNET18, SHARED_CPU_NOISE
+from mainspring.models.profile import ModelProfile, builtin_profiles, model_copies
+from mainspring.protocol import CPU_KIND
 from mainspring.sim.run import SimulationConfig, simulate
 from mainspring.time import NS_PER_S, ms_to_ns
 from mainspring.workload import AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, Workload
@@ -36,13 +39,22 @@ CONFIGS: dict[str, tuple[Workload, int, int, float, int, int]] = {
     "closed-1": (ClosedLoop(240), 1, 15, 4.0, 100, 1),
     "azure-3-x10": (AzureTrace(scale=10), 3, 600, 10.0, 100, 7),
     "azure-6-x30": (AzureTrace(scale=30), 6, 4_026, 5.0, 100, 1),
+    "cpu-closed-1": (ClosedLoop(16), 1, 1, 10.0, 102, 1),
+    "cpu-zipf-2": (PoissonOpenLoop(150.0, "zipf"), 2, 6, 10.0, 102, 2),
 }
 
 
 def fingerprint(policy: str, name: str, scratch: Path) -> str:
     workload, devices, copies, seconds, slo_ms, seed = CONFIGS[name]
-    config = SimulationConfig(int(seconds * NS_PER_S), devices, slo_ns=ms_to_ns(slo_ms), seed=seed)
-    result = simulate(policy, model_copies(builtin_profiles(), copies), workload, config)
+    duration, slo = int(seconds * NS_PER_S), ms_to_ns(slo_ms)
+    models: list[ModelProfile]
+    if name.startswith("cpu-"):
+        models = model_copies([CPU_RESNET18], copies)
+        config = SimulationConfig(duration, devices, CPU_KIND, slo_ns=slo, seed=seed, noise=SHARED_CPU_NOISE)
+    else:
+        models = model_copies(builtin_profiles(), copies)
+        config = SimulationConfig(duration, devices, slo_ns=slo, seed=seed)
+    result = simulate(policy, models, workload, config)
     requests, actions = result.recorder.write_logs(scratch, name)
     digest = hashlib.sha256(actions.read_bytes())
     digest.update(requests.read_bytes())

@@ -10,7 +10,7 @@ policy also at other CPU estimate percentiles (``--percentiles``), since the loo
 two batches of eight at the estimate exceed the SLO, every client that was just answered is refused
 and retries until the lane's booked work shrinks, and each refusal counts as a miss.
 
-    .venv/bin/python benchmarks/closed_loop_noise.py [--seeds 1 2] [--duration-s 30] [--percentiles 50 90]
+    .venv/bin/python benchmarks/closed_loop_noise.py [--seeds 1 2] [--duration-s 30] [--percentiles 50] [--admit-at 50]
     .venv/bin/python benchmarks/closed_loop_noise.py --quiet-noise    # the simulator's default noise: no gap
 """
 
@@ -43,12 +43,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--slo-ms", type=float, default=102.0)
     parser.add_argument("--percentiles", type=float, nargs="*", default=[50.0], help="more clockwork CPU percentiles")
+    parser.add_argument("--admit-at", type=float, nargs="*", default=[50.0], help="admission_percentile_cpu values")
     parser.add_argument("--quiet-noise", action="store_true", help="the simulator's default noise model instead")
     args = parser.parse_args()
     noise = NoiseModel() if args.quiet_noise else SHARED_CPU_NOISE
     runs: list[tuple[str, str, dict[str, object] | None]] = [
         ("clockwork", "clockwork (p90, default)", None),
         *[("clockwork", f"clockwork p{p:g}", {"estimate_percentile_cpu": p}) for p in args.percentiles],
+        *[("clockwork", f"clockwork admits at p{p:g}", {"admission_percentile_cpu": p}) for p in args.admit_at],
         ("infer4", "infer4", None),
         ("triton", "triton", None),
         ("clipper", "clipper", None),

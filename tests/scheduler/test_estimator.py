@@ -49,6 +49,22 @@ def test_a_kind_with_its_own_percentile_discounts_one_spike() -> None:
     assert estimator.exec_ns("b", 1, "cpu") == 2_400_000 and estimator.exec_ns("b", 1, "v100") == 9_000_000
 
 
+def test_an_estimator_fed_by_another_sees_every_measurement_at_its_own_percentile() -> None:
+    """Admission's estimator (``admission_percentile_cpu``) learns what the planner's learns."""
+    planner = Estimator(PROFILES, kind_percentiles={"cpu": 90.0})
+    judge = Estimator(PROFILES, kind_percentiles={"cpu": 50.0})
+    planner.feed(judge)
+    for measured in [2_200_000] * 8 + [2_400_000, 9_000_000]:
+        planner.observe_exec("a", 1, "cpu", measured, at_ns=0)
+        planner.observe_load("a", "cpu", measured * 5 // 2, at_ns=0)
+    assert planner.exec_ns("a", 1, "cpu") == 2_400_000 and judge.exec_ns("a", 1, "cpu") == 2_200_000
+    assert judge.load_ns("a", "cpu") == 5_500_000
+    planner.restart_exec("a", 1, "cpu", 3_000_000, at_ns=0)  # a probe's measurement replaces the window
+    assert judge.exec_ns("a", 1, "cpu") == 3_000_000
+    planner.forget("a")
+    assert judge.exec_ns("a", 1, "cpu") == 2_200_000  # the window is gone: the profile times the median ratio
+
+
 def test_rarely_run_models_borrow_the_device_kinds_ratio() -> None:
     estimator = Estimator(PROFILES)
     for _ in range(10):

@@ -57,6 +57,11 @@ class ClockworkConfig:
     cores with the server and the clients, so its timings have a heavy tail that a GPU's lack; with a
     window of 10 the p99 is the largest of the last 10, one interference spike, and p90 the second
     largest (live figures in ``docs/scheduler.md``, "Estimates on a CPU").
+    ``admission_percentile_cpu``: admission on devices of kind ``cpu`` judges by estimates at this
+    percentile (say 50) while planning keeps ``estimate_percentile_cpu`` (None: admission judges by
+    the planner's estimates). Adding two p90s end to end (the running batch's and the next one's)
+    refuses requests that would make it: a closed loop of clients that send again after a refusal
+    then spins on refusals (``benchmarks/closed_loop_noise.py``; ``docs/scheduler.md``).
     ``estimate_max_age_s``: measurements older than this stop counting (None: never), so one
     stall cannot lock a model out for good; models measured less often fall back to the profile."""
 
@@ -88,6 +93,7 @@ class ClockworkConfig:
     spill_after: float | None = 0.5
     probe_after_ms: float | None = 1000.0
     monotone_estimates: bool = True
+    admission_percentile_cpu: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -107,9 +113,10 @@ class ClockworkConfig:
             problems.append(f"probe_after_ms={self.probe_after_ms} must be positive (or None)")
         if self.estimate_window < 1:
             problems.append(f"estimate_window={self.estimate_window} must be at least 1")
-        for name in ("estimate_percentile", "estimate_percentile_cpu"):
-            if not 0 < getattr(self, name) <= 100:
-                problems.append(f"{name}={getattr(self, name)} must lie in (0, 100]")
+        for name in ("estimate_percentile", "estimate_percentile_cpu", "admission_percentile_cpu"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 100:
+                problems.append(f"{name}={value} must lie in (0, 100]")
         if self.replication_check_ms < 0:
             problems.append(f"replication_check_ms={self.replication_check_ms} must not be negative")
         if not 0 < self.max_batch_slo_fraction <= 1:

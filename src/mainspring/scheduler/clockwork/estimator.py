@@ -113,9 +113,17 @@ class Estimator:
         # when, window, serial, whole (a model's window, not a ratio), and what it changes (``_changed``)
         self._observed: deque[tuple[int, RollingPercentile, int, bool, tuple[str, str] | str | None]] = deque()
         self._watchers: list[Callable[[str, str | None], None]] = []  # see ``watch``
+        self._follower: Estimator | None = None  # see ``feed``
+
+    def feed(self, follower: Estimator) -> None:
+        """Hand every measurement, expiry and forgotten model on to ``follower`` too (an estimator of
+        the same durations at other percentiles, e.g. admission's)."""
+        self._follower = follower
 
     def forget(self, model: str) -> None:
         """Drop a model's measurements (it was unloaded; a new version starts from its profile)."""
+        if self._follower is not None:
+            self._follower.forget(model)
         for row_key in [k for k in self._rows if k[0] == model]:
             del self._rows[row_key]
         for key in [k for k in self._exec if k[0] == model]:
@@ -200,12 +208,16 @@ class Estimator:
         return self._estimate(entry, self._load_ratio.get(kind), self._profiles[model].load_ns)
 
     def observe_exec(self, model: str, batch_size: int, kind: str, measured_ns: int, at_ns: int) -> None:
+        if self._follower is not None:
+            self._follower.observe_exec(model, batch_size, kind, measured_ns, at_ns)
         profiled = self._profiles[model].exec_ns[batch_size]
         entry = self._exec_window(model, batch_size, kind, profiled)
         self._add(entry, measured_ns, at_ns, True, (model, kind))
         self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False, kind)
 
     def observe_load(self, model: str, kind: str, measured_ns: int, at_ns: int) -> None:
+        if self._follower is not None:
+            self._follower.observe_load(model, kind, measured_ns, at_ns)
         profiled = self._profiles[model].load_ns
         self._add(self._entry(self._load, (model, kind), kind, profiled), measured_ns, at_ns, True, None)
         self._add(self._ratio(self._load_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False, None)
@@ -213,6 +225,8 @@ class Estimator:
     def restart_exec(self, model: str, batch_size: int, kind: str, measured_ns: int, at_ns: int) -> None:
         """A probe's measurement replaces the window: the whole window, so that neither older values
         nor the kind's ratio (which lifts windows not yet full) keep the estimate that refused it."""
+        if self._follower is not None:
+            self._follower.restart_exec(model, batch_size, kind, measured_ns, at_ns)
         profiled = self._profiles[model].exec_ns[batch_size]
         entry = self._exec_window(model, batch_size, kind, profiled)
         entry.clear()
@@ -247,6 +261,8 @@ class Estimator:
         for the maximum age (while measured it keeps its older values: a p99 needs them); one that
         stopped being measured, perhaps because its own estimate turned every request away, starts
         again from the profile. A kind's ratio window loses each value at that age."""
+        if self._follower is not None:
+            self._follower.expire(now_ns)
         if self._max_age_ns is None:
             return
         cutoff = now_ns - self._max_age_ns

@@ -520,3 +520,16 @@ def test_a_backlog_the_holders_can_take_lets_the_head_go_first() -> None:
     planned = backlog_on_three_holders(12)  # room for 4 + 8 + 8 after the head: all 13 served
     assert planned[0].request_ids == (0,) and planned[0].batch_size == 1
     assert sum(len(i.request_ids) for i in planned) == 13
+
+
+def test_admission_s_own_estimates_forget_a_removed_model() -> None:
+    """With ``admission_percentile_cpu`` admission plans with its own batch shapes: a model removed
+    and added again with other batch sizes is judged by the new ones, as the planner plans it."""
+    policy = scheduler(admission_percentile_cpu=50.0)
+    assert policy.judged is not policy.shapes
+    warm(policy, "a")
+    assert policy.judged.sizes("a") == (1, 2, 4, 8)
+    policy.remove_model("a", 20 * MS)
+    policy.add_model(profile("a", exec_ms={1: 2.0, 2: 3.0}, pages=4))
+    assert policy.shapes.sizes("a") == (1, 2)
+    assert policy.judged.sizes("a") == (1, 2)

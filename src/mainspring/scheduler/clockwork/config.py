@@ -59,9 +59,10 @@ class ClockworkConfig:
     largest (live figures in ``docs/scheduler.md``, "Estimates on a CPU").
     ``admission_percentile_cpu``: admission on devices of kind ``cpu`` judges by estimates at this
     percentile (say 50) while planning keeps ``estimate_percentile_cpu`` (None: admission judges by
-    the planner's estimates). Adding two p90s end to end (the running batch's and the next one's)
-    refuses requests that would make it: a closed loop of clients that send again after a refusal
-    then spins on refusals (``benchmarks/closed_loop_noise.py``; ``docs/scheduler.md``).
+    the planner's estimates); the demand admission records, which shares, replica priorities and
+    the trade-off read, is priced by the same estimates. Adding two p90s end to end (the running
+    batch's and the next one's) refuses requests that would make it: a closed loop of clients that
+    send again after a refusal then spins on refusals (``benchmarks/closed_loop_noise.py``; ``docs/scheduler.md``).
     ``estimate_max_age_s``: measurements older than this stop counting (None: never), so one
     stall cannot lock a model out for good; models measured less often fall back to the profile."""
 

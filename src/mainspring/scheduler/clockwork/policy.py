@@ -81,15 +81,15 @@ class ClockworkScheduler(PolicyBookkeeping):
         cpu = {CPU_KIND: config.estimate_percentile_cpu}
         self.estimator = Estimator(self.profiles, window, percentile, max_age_ns=max_age, kind_percentiles=cpu)
         self.shapes = BatchShapes(self.profiles, self.estimator, config.max_batch_size, config.monotone_estimates)
-        judged = self.shapes  # admission judges by the planner's estimates, or its own (``admission_percentile_cpu``)
+        self.judged = self.shapes  # what admission judges by: its own with ``admission_percentile_cpu``
         if config.admission_percentile_cpu is not None:
             cpu = {CPU_KIND: config.admission_percentile_cpu}
             judge = Estimator(self.profiles, window, percentile, max_age_ns=max_age, kind_percentiles=cpu)
             self.estimator.feed(judge)
-            judged = BatchShapes(self.profiles, judge, config.max_batch_size, config.monotone_estimates)
+            self.judged = BatchShapes(self.profiles, judge, config.max_batch_size, config.monotone_estimates)
         self.residency = Residency(list(devices), ms_to_ns(config.rate_memory_ms))
         self.queues = RequestQueues()
-        self.admission = Admission(config, self.residency, self.queues, judged, self._idle_victims)
+        self.admission = Admission(config, self.residency, self.queues, self.judged, self._idle_victims)
         self.loads = LoadPlanner(config, self.residency, self.queues, self.shapes, self.admission, self._pages_on)
         self.horizon_ns = config.horizon_ns
         self._slack_ns = config.window_slack_ns
@@ -198,7 +198,7 @@ class ClockworkScheduler(PolicyBookkeeping):
                 flight.requests = []
         for device in self.residency.devices:
             self.residency.release(device, model, self._pages_on(model, device))
-        for part in (self.loads, self.admission, self.shapes, self.estimator):
+        for part in (self.loads, self.admission, self.shapes, self.judged, self.estimator):  # judged may be shapes
             part.forget(model)
         self._measured_ns.pop(model, None)
         self._forget_model(model)

@@ -381,6 +381,23 @@ def test_a_spike_in_one_batch_size_s_estimate_plans_it_at_the_larger_size_s() ->
     assert batch.latest_ns >= batch.earliest_ns  # never an action that cannot start in time
 
 
+def test_admission_counts_a_queue_as_the_planner_would_split_it() -> None:
+    """A stall in the largest size's window (40 ms for a 9 ms batch of 8): five queued requests take a
+    batch of 4 and one of 1 (7 ms), as the planner runs them, not a padded batch of 8, so a fifth
+    request due in 12 ms is admitted and served."""
+    policy = scheduler()
+    now = warm(policy, "a")
+    for _ in range(100):  # the kind's ratio: one stall among a hundred measurements does not move its p99
+        policy.estimator.observe_exec("b", 1, "v100", 2 * MS, at_ns=now)
+    for measured in [9 * MS] * 9 + [40 * MS]:
+        policy.estimator.observe_exec("a", 8, "v100", measured, at_ns=now)
+    for i in range(5):
+        policy.on_request(request(i, "a", now, slo_ms=12), now)
+    decisions = policy.schedule(now)
+    assert not decisions.responses
+    assert [(i.batch_size, i.request_ids) for i in infers(decisions)] == [(4, (0, 1, 2, 3)), (1, (4,))]
+
+
 def test_a_spike_in_the_smallest_batch_s_estimate_does_not_turn_a_lone_request_away() -> None:
     """Found live by ``mainspring analyze``: one stall in batch 1's window (104 ms for a 15 ms batch)
     refused every request that arrived alone, though batch 2's estimate met the SLO."""

@@ -49,6 +49,52 @@ def test_a_kind_with_its_own_percentile_discounts_one_spike() -> None:
     assert estimator.exec_ns("b", 1, "cpu") == 2_400_000 and estimator.exec_ns("b", 1, "v100") == 9_000_000
 
 
+def cpu_estimator(**ages: int) -> Estimator:
+    """A CPU kind at p90 whose borrowed ratio is 1.0: ``b`` ran 100 times at its profile."""
+    estimator = Estimator(PROFILES, kind_percentiles={"cpu": 90.0}, **ages)
+    for _ in range(100):
+        estimator.observe_exec("b", 1, "cpu", 2_000_000, at_ns=0)
+    return estimator
+
+
+def test_one_stall_in_a_window_not_yet_full_is_not_its_estimate_at_p90() -> None:
+    """A partial window supports what a full one would: at p90 of ten, one stall is outvoted, two
+    stand; at p99 (a GPU kind) the largest value stands either way."""
+    estimator = cpu_estimator()
+    estimator.observe_exec("a", 1, "cpu", 2_100_000, at_ns=0)
+    estimator.observe_exec("a", 1, "cpu", 7_000_000, at_ns=0)  # a stall
+    assert estimator.exec_ns("a", 1, "cpu") == 2_100_000  # at least the profile times the ratio (2 ms)
+    assert estimator.exec_table("a", (1,), "cpu") == [2_100_000]
+    estimator.observe_exec("a", 1, "cpu", 6_000_000, at_ns=0)  # a second: the second largest of three
+    assert estimator.exec_ns("a", 1, "cpu") == 6_000_000 == estimator.exec_table("a", (1,), "cpu")[0]
+    gpu = Estimator(PROFILES)
+    gpu.observe_exec("a", 1, "v100", 7_000_000, at_ns=0)
+    assert gpu.exec_ns("a", 1, "v100") == 7_000_000
+
+
+def test_a_stall_not_measured_away_is_forgotten_after_the_suspect_age() -> None:
+    """A size whose window says twice its profile (times the kind's ratio) is rarely planned, so it
+    is not measured again: unmeasured for ``suspect_age_ns`` its window is forgotten. One measured
+    since, or one within 1.5x of the profile, is kept."""
+    estimator = cpu_estimator(suspect_age_ns=1_000)
+    for at_ns, measured in [(0, 7_000_000), (0, 6_000_000), (0, 2_000_000)]:
+        estimator.observe_exec("a", 1, "cpu", measured, at_ns)
+        estimator.observe_exec("a", 2, "cpu", measured, at_ns)
+        estimator.observe_exec("b", 2, "cpu", measured // 3 + 1_000_000, at_ns)  # 1.33-3.33 ms: within 1.5x
+    estimator.observe_exec("a", 2, "cpu", 6_500_000, at_ns=800)  # measured since
+    changed: list[tuple[str, str | None]] = []
+    estimator.watch(lambda kind, model: changed.append((kind, model)))
+    estimator.expire(999)
+    assert estimator.exec_ns("a", 1, "cpu") == 6_000_000 and not changed
+    estimator.expire(1_001)
+    assert estimator.exec_ns("a", 1, "cpu") == 2_000_000  # forgotten: the profile times the ratio
+    assert changed == [("cpu", "a")]
+    assert estimator.exec_ns("a", 2, "cpu") == 6_500_000
+    assert estimator.exec_ns("b", 2, "cpu") == 3_000_000
+    estimator.expire(1_801)
+    assert estimator.exec_ns("a", 2, "cpu") == 3_000_000  # 800 ns later its last measurement ages out too
+
+
 def test_an_estimator_fed_by_another_sees_every_measurement_at_its_own_percentile() -> None:
     """Admission's estimator (``admission_percentile_cpu``) learns what the planner's learns."""
     planner = Estimator(PROFILES, kind_percentiles={"cpu": 90.0})

@@ -1,8 +1,12 @@
-"""Admission at its own percentile on a noisy CPU device (``admission_percentile_cpu``).
+"""A closed loop on a noisy CPU device: what early rejection costs when the estimates are stale.
 
 Sixteen closed-loop clients that send again 10 ms after a refusal, with two batches of eight in
-flight whose p90 estimates together sit at the SLO: judged by those estimates, each client just
-answered is refused over and over (every refusal a miss); judged at the median, far fewer are."""
+flight whose p90 estimates together sit near the SLO. Stalls caught by sizes that rarely ran used
+to stand as their estimates (a batch of 8 at three times its time, never run again to be measured
+away), a queue of five was priced as that padded batch, and each client just answered was refused
+over and over: 26% attainment in this run. Now a partial window at p90 outvotes one stall, a size
+held far above its profile is forgotten after a second unmeasured, and admission prices a queue
+as the planner splits it."""
 
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import CPU_KIND
@@ -23,14 +27,21 @@ CPU_MODEL = ModelProfile(
 SHARED_CPU = NoiseModel(jitter_sigma=0.15, spike_probability=0.05, spike_min_factor=1.5, spike_max_factor=3.5)
 
 
-def closed_loop(settings: dict[str, object] | None) -> RunReport:
+def closed_loop(settings: dict[str, object] | None, policy: str = "clockwork") -> RunReport:
     config = SimulationConfig(10 * NS_PER_S, 1, CPU_KIND, slo_ns=ms_to_ns(102), seed=1, noise=SHARED_CPU)
-    return simulate("clockwork", [CPU_MODEL], ClosedLoop(16), config, settings=settings).report
+    return simulate(policy, [CPU_MODEL], ClosedLoop(16), config, settings=settings).report
 
 
-def test_admission_at_the_median_stops_refusing_what_the_p90_sum_refuses() -> None:
+def test_stalls_do_not_lock_the_closed_loop_into_refusals() -> None:
+    planned, queued_all = closed_loop(None), closed_loop(None, "triton")
+    assert planned.slo_attainment > 0.5  # 26% before
+    assert planned.rejected < 1_500  # 4,499 before
+    assert planned.goodput_rps >= 0.97 * queued_all.goodput_rps  # the batches of eight keep running
+
+
+def test_admission_at_the_median_refuses_less_than_the_p90_sum() -> None:
     planned = closed_loop(None)
     judged = closed_loop({"admission_percentile_cpu": 50.0})
-    assert judged.rejected * 2 < planned.rejected
-    assert judged.slo_attainment > planned.slo_attainment + 0.1
+    assert judged.rejected < planned.rejected
+    assert judged.slo_attainment > planned.slo_attainment
     assert judged.goodput_rps >= 0.95 * planned.goodput_rps  # the lane serves as much

@@ -49,7 +49,9 @@ class ClockworkConfig:
     ``probe_after_ms``: a model that an idle holder refuses by its own estimates, and that has not
     been measured for this long, gets one request run at once (a probe); the probe's measurement
     replaces the estimate that refused it (None: never; then only ``estimate_max_age_s`` lifts
-    such a lockout).
+    such a lockout). A batch size whose estimate stands 1.5x above its profile times the kind's
+    ratio and that has not been measured for this long is forgotten too (it borrows the ratio
+    again): a size its stall keeps from being planned is never measured again to correct it.
     ``monotone_estimates``: plan a batch size at no more than the estimate of any larger size (a
     batch runs no slower than a larger one), so a spike in one size's window neither pads batches
     past it nor stops that size from being run and measured again.

@@ -22,9 +22,19 @@ _K = TypeVar("_K", bound=Hashable)
 
 class RollingPercentile:
     """The ``percentile`` of the last ``window`` values (nearest rank), cached between updates. The
-    values are also kept sorted (a kind's window of 100 is updated with every result)."""
+    values are also kept sorted (a kind's window of 100 is updated with every result).
 
-    __slots__ = ("_percentile", "_seed", "_sorted", "_values", "added", "count", "full", "value")
+    ``corroborated`` is what a window supports as if it were full: the value at the full window's
+    rank counted from the top (at p90 of ten, the second largest), 0 while it holds fewer values.
+    The nearest rank of a few values is their largest, so one stall caught by a size that rarely
+    runs stood as its estimate, kept the size from running and was never measured away; a full
+    window at p90 outvotes one stall, and so does this. At p99 of ten both are the largest.
+    """
+
+    __slots__ = (
+        *("_percentile", "_seed", "_sorted", "_top", "_values"),
+        *("added", "corroborated", "count", "full", "value"),
+    )
 
     def __init__(self, seed_value: int, window: int, percentile: float) -> None:
         self._values: deque[int] = deque(maxlen=window)
@@ -32,6 +42,8 @@ class RollingPercentile:
         self._percentile = percentile
         self._seed = seed_value
         self.value = seed_value
+        self.corroborated = 0
+        self._top = window - max(1, math.ceil(percentile / 100.0 * window)) + 1  # the full rank, from the top
         self.count = 0
         self.added = 0  # values ever added: numbers them, so that an expiry can tell if one is still held
         self.full = False
@@ -66,12 +78,15 @@ class RollingPercentile:
         self.full = self.count == values.maxlen
         if not values:
             self.value = self._seed
+            self.corroborated = 0
             return
         rank = max(1, math.ceil(self._percentile / 100.0 * self.count))
         self.value = self._sorted[rank - 1]
+        self.corroborated = self._sorted[self.count - self._top] if self.count >= self._top else 0
 
 
 PPM = 1_000_000
+STALE_FACTOR = 1.5  # an estimate this far above what the profile predicts is taken for a stale stall
 # per (model, kind), for ``Estimator.exec_table``: sizes, their profile figures, (position, window) of those measured
 _Row = tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, "RollingPercentile"], ...]]
 KIND_WINDOW = 100
@@ -82,8 +97,10 @@ class Estimator:
 
     With thousands of models many run rarely, so their own windows stay short and a
     profile figure is a median, not a p99. Until a model's window is full, its estimate
-    is at least its profile figure times the device kind's p99 ratio of measured to
-    profiled time (over the last 100 actions of every model on that kind).
+    is the larger of what the window corroborates (``RollingPercentile.corroborated``)
+    and its profile figure times the device kind's p99 ratio of measured to profiled
+    time (over the last 100 actions of every model on that kind). With ``suspect_age_ns``
+    a size held far above that is forgotten when not measured for so long (``_forget_suspects``).
     """
 
     def __init__(
@@ -94,6 +111,7 @@ class Estimator:
         borrow_kind_ratio: bool = True,
         max_age_ns: int | None = None,
         kind_percentiles: Mapping[str, float] | None = None,
+        suspect_age_ns: int | None = None,
     ) -> None:
         kind_percentiles = dict(kind_percentiles or {})
         percentiles = [percentile, *kind_percentiles.values()]
@@ -112,6 +130,9 @@ class Estimator:
         self._max_age_ns = max_age_ns
         # when, window, serial, whole (a model's window, not a ratio), and what it changes (``_changed``)
         self._observed: deque[tuple[int, RollingPercentile, int, bool, tuple[str, str] | str | None]] = deque()
+        self._suspect_age_ns = suspect_age_ns  # see ``_forget_suspects``
+        # every exec measurement while that is set: when, window, serial, model, kind, batch size
+        self._measured: deque[tuple[int, RollingPercentile, int, str, str, int]] = deque()
         self._watchers: list[Callable[[str, str | None], None]] = []  # see ``watch``
         self._follower: Estimator | None = None  # see ``feed``
 
@@ -159,7 +180,7 @@ class Estimator:
         if not self._borrow:
             return profiled
         corrected = profiled if ratio is None else profiled * ratio.value // PPM
-        return corrected if entry is None or not entry.count else max(entry.value, corrected)
+        return corrected if entry is None else max(entry.corroborated, corrected)
 
     def exec_ns(self, model: str, batch_size: int, kind: str) -> int:
         """Estimate for a supported batch size. (On the scheduler's hot path: no allocation.)"""
@@ -191,8 +212,8 @@ class Estimator:
             scale = ratio.value
             estimates = [p * scale // PPM for p in profiled]
         for i, entry in windows:  # a full window is the estimate; a partial one is at least the ratio's
-            if entry.count and (entry.full or entry.value > estimates[i]):
-                estimates[i] = entry.value
+            if entry.full or entry.corroborated > estimates[i]:
+                estimates[i] = entry.corroborated
         return estimates
 
     def _row(self, model: str, sizes: tuple[int, ...], kind: str) -> _Row:
@@ -214,6 +235,8 @@ class Estimator:
         entry = self._exec_window(model, batch_size, kind, profiled)
         self._add(entry, measured_ns, at_ns, True, (model, kind))
         self._add(self._ratio(self._exec_ratio, kind), measured_ns * PPM // max(profiled, 1), at_ns, False, kind)
+        if self._suspect_age_ns is not None:
+            self._measured.append((at_ns, entry, entry.added, model, kind, batch_size))
 
     def observe_load(self, model: str, kind: str, measured_ns: int, at_ns: int) -> None:
         if self._follower is not None:
@@ -263,6 +286,8 @@ class Estimator:
         again from the profile. A kind's ratio window loses each value at that age."""
         if self._follower is not None:
             self._follower.expire(now_ns)
+        if self._suspect_age_ns is not None:
+            self._forget_suspects(now_ns - self._suspect_age_ns)
         if self._max_age_ns is None:
             return
         cutoff = now_ns - self._max_age_ns
@@ -278,6 +303,26 @@ class Estimator:
                 continue
             if changes is not None and (whole or window.value != before):
                 self._changed(changes)
+
+    def _forget_suspects(self, cutoff_ns: int) -> None:
+        """Forget a size's window whose estimate stands ``STALE_FACTOR`` above its profile figure
+        times the kind's ratio and that has not been measured since ``cutoff_ns``. Such a size is
+        rarely planned (a larger batch is avoided, a smaller one refused), so without this the
+        stalls it caught would stand until the maximum age: on a shared CPU every size ended up
+        held at a stall, batches of 8 at 3x their time, and a closed loop was refused over and
+        over. Forgotten, the size borrows the ratio again, runs and is measured afresh."""
+        measured = self._measured
+        while measured and measured[0][0] < cutoff_ns:
+            _, window, serial, model, kind, size = measured.popleft()
+            if window.added != serial or not window.count or self._exec.get((model, size, kind)) is not window:
+                continue  # measured since (that measurement is checked in its turn), or forgotten
+            profiled = self._profiles[model].exec_ns[size]
+            ratio = self._exec_ratio.get(kind)
+            corrected = profiled if ratio is None else profiled * ratio.value // PPM
+            estimate = window.value if window.full else window.corroborated
+            if estimate > STALE_FACTOR * corrected:
+                window.clear()
+                self._changed((model, kind))
 
 
 class DecayingRate:

@@ -76,15 +76,11 @@ class ClockworkScheduler(PolicyBookkeeping):
         super().__init__(profiles)
         self.config = config = config or ClockworkConfig()
         self.rng = rng or random.Random(0)
-        max_age = None if config.estimate_max_age_s is None else ms_to_ns(config.estimate_max_age_s * 1000)
-        window, percentile = config.estimate_window, config.estimate_percentile
-        cpu = {CPU_KIND: config.estimate_percentile_cpu}
-        self.estimator = Estimator(self.profiles, window, percentile, max_age_ns=max_age, kind_percentiles=cpu)
+        self.estimator = self._estimator(config.estimate_percentile_cpu)
         self.shapes = BatchShapes(self.profiles, self.estimator, config.max_batch_size, config.monotone_estimates)
         self.judged = self.shapes  # what admission judges by: its own with ``admission_percentile_cpu``
         if config.admission_percentile_cpu is not None:
-            cpu = {CPU_KIND: config.admission_percentile_cpu}
-            judge = Estimator(self.profiles, window, percentile, max_age_ns=max_age, kind_percentiles=cpu)
+            judge = self._estimator(config.admission_percentile_cpu)
             self.estimator.feed(judge)
             self.judged = BatchShapes(self.profiles, judge, config.max_batch_size, config.monotone_estimates)
         self.residency = Residency(list(devices), ms_to_ns(config.rate_memory_ms))
@@ -102,6 +98,19 @@ class ClockworkScheduler(PolicyBookkeeping):
         self.estimator.watch(self.strands.estimates_changed)
         self._measured_ns: dict[str, int] = {}  # per model: its smallest batch's last measurement or probe
         self._probes: list[Infer] = []  # issued by ``on_request``, handed out by the next ``schedule``
+
+    def _estimator(self, cpu_percentile: float) -> Estimator:
+        config = self.config
+        max_age = None if config.estimate_max_age_s is None else ms_to_ns(config.estimate_max_age_s * 1000)
+        suspect = None if config.probe_after_ms is None else ms_to_ns(config.probe_after_ms)
+        return Estimator(
+            self.profiles,
+            config.estimate_window,
+            config.estimate_percentile,
+            max_age_ns=max_age,
+            kind_percentiles={CPU_KIND: cpu_percentile},
+            suspect_age_ns=suspect,
+        )
 
     # --- the contract ------------------------------------------------------------
     def on_request(self, request: Request, now_ns: int) -> None:

@@ -55,13 +55,6 @@ class BatchShapes:
                 return size
         return sizes[-1]
 
-    def cheapest(self, model: str, count: int, up_to: int, kind: str) -> tuple[int, int]:
-        """The size from the one that holds ``count`` up to ``up_to`` with the least estimate (ties: the
-        smaller), and that estimate. With monotone estimates that is the size that holds ``count``;
-        without, one spike can make a batch of 8 look slower than one of 16, and padding picks 16."""
-        found = cheapest_in(self.estimates(model, kind)[0], count, up_to)
-        return found if found is not None else (up_to, self.exec_ns(model, up_to, kind))
-
     def fastest_ns(self, model: str, kind: str) -> int:
         """The least any request of ``model`` needs on ``kind``: the least estimate of any size (the
         smallest size's, with monotone estimates). Not the smallest size's raw estimate: one stall in
@@ -120,17 +113,18 @@ class BatchShapes:
         return self.estimator.exec_ns(model, size, kind)
 
     def work_ns(self, model: str, count: int, kind: str) -> int:
-        """Exec time of ``count`` requests: full batches of the largest size, then the cheapest size for the rest."""
+        """Exec time of ``count`` requests in the least lane time, as the planner serves them
+        (``split_padding``): 5 requests as a batch of 4 and one of 1 where a batch of 8 would take longer."""
         if count <= 0:
             return 0
-        largest = self.sizes(model)[-1]
-        full, rest = divmod(count, largest)
-        work = full * self.exec_ns(model, largest, kind)
-        return work + (self.cheapest(model, rest, largest, kind)[1] if rest else 0)
+        return least_work(self.estimates(model, kind)[0], count)
 
 
 def cheapest_in(table: tuple[tuple[int, int], ...], count: int, up_to: int) -> tuple[int, int] | None:
-    """``BatchShapes.cheapest`` on a model's (size, estimate) table; None if ``up_to`` is not one of its sizes."""
+    """On a model's (size, estimate) table: the size from the one that holds ``count`` up to ``up_to``
+    with the least estimate (ties: the smaller), and that estimate; None if ``up_to`` is not one of
+    its sizes. With monotone estimates that is the size that holds ``count``; without, one spike can
+    make a batch of 8 look slower than one of 16, and padding picks 16."""
     best_size, best_ns, up_to_ns = 0, NEVER, -1
     for size, exec_ns in table:  # smallest first: ties go to the smaller
         if size >= up_to:
@@ -150,6 +144,32 @@ def first_of_split(table: tuple[tuple[int, int], ...], count: int, up_to: int) -
     to ``up_to``, as (size, estimate): its largest batch. Padding 12 requests to a batch of 16 costs
     more lane time than a batch of 8 and one of 4, which also finish them all sooner; 14 are padded
     (8 + 4 + 2 would take longer). Ties go to fewer batches."""
+    _, _, size, exec_ns = _least_split(table, count, up_to)
+    return size, exec_ns
+
+
+EXACT_SPLIT_BATCHES = 4  # counts up to this many of the largest batch are split exactly (``least_work``)
+
+
+def least_work(table: tuple[tuple[int, int], ...], count: int) -> int:
+    """The least lane time that serves ``count`` requests with the table's sizes. Not full batches
+    of the largest size, then the rest padded: with a stall in the largest size's estimate (a size
+    that rarely runs keeps one) that overstated a queue of five on a CPU threefold, and admission
+    refused what the planner would have served. Beyond a few of the largest batches, the bulk runs
+    in full batches of the size with the least time per request."""
+    largest = table[-1][0]
+    bulk = 0
+    if count > EXACT_SPLIT_BATCHES * largest:
+        size, exec_ns = min(table, key=lambda entry: (entry[1] / entry[0], -entry[0]))
+        batches = (count - EXACT_SPLIT_BATCHES * largest) // size + 1
+        bulk, count = batches * exec_ns, count - batches * size
+    return bulk + _least_split(table, max(count, 0), largest)[0]
+
+
+@functools.lru_cache(maxsize=1 << 16)  # admission asks it of every arrival's queue; tables repeat
+def _least_split(table: tuple[tuple[int, int], ...], count: int, up_to: int) -> tuple[int, int, int, int]:
+    """(lane time, batches, largest batch, its estimate) of the least-lane-time way to serve ``count``
+    requests with sizes up to ``up_to``; ties go to fewer batches."""
     sizes = [(size, exec_ns) for size, exec_ns in table if size <= up_to]
     # best[c]: (lane time, batches, largest batch, its estimate) to serve c requests
     best: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)]
@@ -160,4 +180,4 @@ def first_of_split(table: tuple[tuple[int, int], ...], count: int, up_to: int) -
             first = (size, exec_ns) if size >= largest else (largest, largest_ns)
             options.append((work + exec_ns, parts + 1, *first))
         best.append(min(options, key=lambda o: (o[0], o[1])))
-    return best[count][2], best[count][3]
+    return best[count]

@@ -8,6 +8,7 @@ pool that holds 10 (Zipf, 20 / 40 / 60 r/s, SLO 100 ms: S3 of ``scenarios.py``).
 goodput per seed. Run it for two checkouts to compare a change:
 
     .venv/bin/python benchmarks/noisy_cpu.py [--policy clockwork] [--seeds 1 2 3] [--duration-s 30]
+    .venv/bin/python benchmarks/noisy_cpu.py --set admission_percentile_cpu=50   # a policy setting
     PYTHONPATH=<another checkout>/src .venv/bin/python benchmarks/noisy_cpu.py
 """
 
@@ -55,8 +56,11 @@ def main() -> None:
     parser.add_argument("--policy", default="clockwork")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--duration-s", type=float, default=30.0)
+    parser.add_argument("--set", nargs="*", default=[], help="policy settings, e.g. admission_percentile_cpu=50")
     args = parser.parse_args()
-    print(f"{args.policy} on one noisy {CPU_KIND} device, {args.duration_s:g} s; attainment (goodput r/s) per seed")
+    settings = {key: float(value) for key, value in (item.split("=", 1) for item in args.set)} or None
+    policy = ", ".join([args.policy, *args.set])
+    print(f"{policy} on one noisy {CPU_KIND} device, {args.duration_s:g} s; attainment (goodput r/s) per seed")
     for label, models, workload, slo_ms, pool in scenarios():
         cells = []
         for seed in args.seeds:
@@ -69,7 +73,7 @@ def main() -> None:
                 noise=SHARED_CPU_NOISE,
                 **({} if pool is None else {"pool_bytes": pool}),
             )
-            report = simulate(args.policy, models, workload, config).report
+            report = simulate(args.policy, models, workload, config, settings=settings).report
             cells.append(f"{report.slo_attainment:7.2%} ({report.goodput_rps:5.1f})")
         print(f"{label:42} " + " | ".join(cells), flush=True)
 

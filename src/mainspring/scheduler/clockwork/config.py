@@ -55,16 +55,17 @@ class ClockworkConfig:
     ``monotone_estimates``: plan a batch size at no more than the estimate of any larger size (a
     batch runs no slower than a larger one), so a spike in one size's window neither pads batches
     past it nor stops that size from being run and measured again.
-    ``estimate_percentile_cpu``: the percentile for devices of kind ``cpu``. A CPU worker shares its
-    cores with the server and the clients, so its timings have a heavy tail that a GPU's lack; with a
-    window of 10 the p99 is the largest of the last 10, one interference spike, and p90 the second
-    largest (live figures in ``docs/scheduler.md``, "Estimates on a CPU").
+    ``estimate_percentile_cpu``: the percentile for devices of kind ``cpu``: the median. A CPU worker
+    shares its cores with the server and the clients, so its timings have a heavy tail that a GPU's
+    lack; with a window of 10 the p99 is the largest of the last 10, one interference spike, and
+    even p90 priced two batches in a row past SLOs they meet most of the time (live figures in
+    ``docs/scheduler.md``, "Estimates on a CPU").
     ``admission_percentile_cpu``: admission on devices of kind ``cpu`` judges by estimates at this
-    percentile (say 50) while planning keeps ``estimate_percentile_cpu`` (None: admission judges by
-    the planner's estimates); the demand admission records, which shares, replica priorities and
-    the trade-off read, is priced by the same estimates. Adding two p90s end to end (the running
-    batch's and the next one's) refuses requests that would make it: a closed loop of clients that
-    send again after a refusal then spins on refusals (``benchmarks/closed_loop_noise.py``; ``docs/scheduler.md``).
+    percentile while planning keeps ``estimate_percentile_cpu`` (None: admission judges by the
+    planner's estimates); the demand admission records, which shares, replica priorities and the
+    trade-off read, is priced by the same estimates. Made for planning at p90, whose two estimates
+    end to end (the running batch's and the next one's) refused requests that would make it
+    (``benchmarks/closed_loop_noise.py``; ``docs/scheduler.md``).
     ``estimate_max_age_s``: measurements older than this stop counting (None: never), so one
     stall cannot lock a model out for good; models measured less often fall back to the profile."""
 
@@ -72,7 +73,7 @@ class ClockworkConfig:
     window_slack_ms: float | None = None
     estimate_window: int = 10
     estimate_percentile: float = 99.0
-    estimate_percentile_cpu: float = 90.0
+    estimate_percentile_cpu: float = 50.0
     estimate_max_age_s: float | None = 60.0
     max_batch_size: int = 16
     replication_check_ms: float = 10.0

@@ -117,7 +117,8 @@ class BatchShapes:
         (``split_padding``): 5 requests as a batch of 4 and one of 1 where a batch of 8 would take longer."""
         if count <= 0:
             return 0
-        return least_work(self.estimates(model, kind)[0], count)
+        table, least = self.estimates(model, kind)
+        return least if count == 1 else least_work(table, count)  # one request: the least estimate of any size
 
 
 def cheapest_in(table: tuple[tuple[int, int], ...], count: int, up_to: int) -> tuple[int, int] | None:
@@ -151,6 +152,7 @@ def first_of_split(table: tuple[tuple[int, int], ...], count: int, up_to: int) -
 EXACT_SPLIT_BATCHES = 4  # counts up to this many of the largest batch are split exactly (``least_work``)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # admission asks it of queues on every arrival; tables repeat
 def least_work(table: tuple[tuple[int, int], ...], count: int) -> int:
     """The least lane time that serves ``count`` requests with the table's sizes. Not full batches
     of the largest size, then the rest padded: with a stall in the largest size's estimate (a size
@@ -163,10 +165,12 @@ def least_work(table: tuple[tuple[int, int], ...], count: int) -> int:
         size, exec_ns = min(table, key=lambda entry: (entry[1] / entry[0], -entry[0]))
         batches = (count - EXACT_SPLIT_BATCHES * largest) // size + 1
         bulk, count = batches * exec_ns, count - batches * size
-    return bulk + _least_split(table, max(count, 0), largest)[0]
+    best = [0] * (count + 1)  # best[c]: the least lane time for c requests
+    for c in range(1, count + 1):
+        best[c] = min(best[c - size if c > size else 0] + exec_ns for size, exec_ns in table)
+    return bulk + best[count]
 
 
-@functools.lru_cache(maxsize=1 << 16)  # admission asks it of every arrival's queue; tables repeat
 def _least_split(table: tuple[tuple[int, int], ...], count: int, up_to: int) -> tuple[int, int, int, int]:
     """(lane time, batches, largest batch, its estimate) of the least-lane-time way to serve ``count``
     requests with sizes up to ``up_to``; ties go to fewer batches."""

@@ -3,7 +3,8 @@
 The setting of ``closed_loop_noise.py`` (resnet18 64x64's batch times on this CPU in a quiet
 process, log-normal jitter sigma 0.15 and 5% of runs 1.5-3.5x slower, as on a CPU that shares its
 cores): closed loops of 8 and 16 clients at two SLOs, Poisson at 70, 94 and 140 r/s (about 35 /
-50 / 70% of what batches of eight serve) at SLOs of 102 and 60 ms, and 30 copies of the model in a
+50 / 70% of what batches of eight serve) at SLOs of 102 and 60 ms, bursts at 3x that (S2 of
+``scenarios.py``), and 30 copies of the model in a
 pool that holds 10 (Zipf, 20 / 40 / 60 r/s, SLO 100 ms: S3 of ``scenarios.py``). Attainment and
 goodput per seed. Run it for two checkouts to compare a change:
 
@@ -21,7 +22,7 @@ from mainspring.models.profile import ModelProfile, model_copies
 from mainspring.protocol import CPU_KIND
 from mainspring.sim.run import SimulationConfig, simulate
 from mainspring.time import ms_to_ns, s_to_ns
-from mainspring.workload import ClosedLoop, PoissonOpenLoop, Workload
+from mainspring.workload import BurstyOnOff, ClosedLoop, PoissonOpenLoop, Workload
 
 POOL_FOR_TEN = 10 * 47 * 2**20  # about ten resnet18s (46.8 MB each)
 
@@ -38,6 +39,7 @@ def scenarios() -> list[tuple[str, list[ModelProfile], Workload, float, int | No
         ("Poisson 94 r/s, SLO 102 ms", one, PoissonOpenLoop(94.0), 102, None),
         ("Poisson 140 r/s, SLO 102 ms", one, PoissonOpenLoop(140.0), 102, None),
         ("Poisson 94 r/s, SLO 60 ms", one, PoissonOpenLoop(94.0), 60, None),
+        ("bursts at 3x (1 s on, 4 s off), SLO 102 ms", one, BurstyOnOff(3 * 198.0), 102, None),
         *[
             (
                 f"30 models, pool for 10, Zipf {rate:g} r/s",

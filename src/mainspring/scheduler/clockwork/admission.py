@@ -2,7 +2,7 @@
 
 A request is queued when some device can finish it by its deadline (less the deadline
 margin): a device holding its model, after the work queued there that is due no later
-(in full batches: a lower bound), or another device after loading the model. When only
+(at the least lane time its batches can take: a lower bound), or another device after loading the model. When only
 a new replica could serve it, the model is marked for one (``needs_replica``) and the
 load planner places it. A model asking more of its holders than the other models leave
 it may queue only its share of their time (``share_admission``), unless a replica could
@@ -125,7 +125,8 @@ class Admission:
 
     def _completion_on(self, device: DeviceState, request: Request, now_ns: int) -> int:
         """When ``request`` could finish on a holder: after the lane frees and the weights are ready,
-        after the work queued there that is due no later, in full batches (a lower bound)."""
+        after the work queued there that is due no later, at the least lane time its batches can take
+        (``BatchShapes.work_ns``: a lower bound)."""
         model, kind = request.model, device.kind
         start = max(now_ns, device.exec_lane.free_ns, device.ready_ns[model])
         queue = self._queues.get(model)

@@ -1,10 +1,10 @@
 """Admission: recent demand per model and device, and the decision to queue or reject a request at once.
 
 A request is queued when some device can finish it by its deadline (less the deadline
-margin): a device holding its model, after the work queued there that is due no later
-(at the least lane time its batches can take: a lower bound), or another device after loading the model. When only
-a new replica could serve it, the model is marked for one (``needs_replica``) and the
-load planner places it. A model asking more of its holders than the other models leave
+margin): a device holding its model, after the work queued there that is due no later (at
+the least lane time its batches can take: a lower bound), or another device after loading
+the model. When only a new replica could serve it, the model is marked for one
+(``needs_replica``) and the load planner places it. A model asking more of its holders than the other models leave
 it may queue only its share of their time (``share_admission``), unless a replica could
 take the excess: a burst is moved onto idle capacity first, refused only when none has room.
 """

@@ -4,9 +4,10 @@ A request is queued when some device can finish it by its deadline (less the dea
 margin): a device holding its model, after the work queued there that is due no later (at
 the least lane time its batches can take: a lower bound), or another device after loading
 the model. When only a new replica could serve it, the model is marked for one
-(``needs_replica``) and the load planner places it. A model asking more of its holders than the other models leave
-it may queue only its share of their time (``share_admission``), unless a replica could
-take the excess: a burst is moved onto idle capacity first, refused only when none has room.
+(``needs_replica``) and the load planner places it. A model asking more of its holders than
+the other models leave it may queue only its share of their time (``share_admission``),
+unless a replica could take the excess: a burst is moved onto idle capacity first, refused
+only when none has room.
 """
 
 from __future__ import annotations

@@ -86,7 +86,9 @@ class RollingPercentile:
 
 
 PPM = 1_000_000
-STALE_FACTOR = 1.5  # an estimate this far above what the profile predicts is taken for a stale stall
+# An estimate this far above what the profile predicts is taken for a stale stall: a size's window
+# is forgotten (``Estimator._forget_suspects``), a model it refuses is probed (the policy's ``_probe``).
+STALE_FACTOR = 1.5
 # per (model, kind), for ``Estimator.exec_table``: sizes, their profile figures, (position, window) of those measured
 _Row = tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, "RollingPercentile"], ...]]
 KIND_WINDOW = 100
@@ -319,8 +321,7 @@ class Estimator:
             profiled = self._profiles[model].exec_ns[size]
             ratio = self._exec_ratio.get(kind)
             corrected = profiled if ratio is None else profiled * ratio.value // PPM
-            estimate = window.value if window.full else window.corroborated
-            if estimate > STALE_FACTOR * corrected:
+            if self.exec_ns(model, size, kind) > STALE_FACTOR * corrected:
                 window.clear()
                 self._changed((model, kind))
 

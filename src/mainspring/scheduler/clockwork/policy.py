@@ -34,7 +34,7 @@ from mainspring.scheduler.clockwork.admission import Admission
 from mainspring.scheduler.clockwork.batching import BatchPlanner, Choice
 from mainspring.scheduler.clockwork.config import ClockworkConfig
 from mainspring.scheduler.clockwork.due import always
-from mainspring.scheduler.clockwork.estimator import Estimator
+from mainspring.scheduler.clockwork.estimator import STALE_FACTOR, Estimator
 from mainspring.scheduler.clockwork.loads import LoadPlanner
 from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
 from mainspring.scheduler.clockwork.residency import Residency
@@ -46,9 +46,6 @@ from mainspring.time import NS_PER_S, ms_to_ns
 
 EVICT_WINDOW_NS = 3600 * NS_PER_S  # an eviction is safe whenever it runs
 NO_GENERATION = 0  # evictions: their results change nothing
-
-# A refusing estimate this far above the model's profile is taken for a stale stall and probed.
-STALE_OVER_PROFILE = 1.5
 
 
 @dataclass(slots=True)
@@ -348,7 +345,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         if after is None or (last is not None and now_ns - last < ms_to_ns(after)):
             return False  # measured lately: the estimate is evidence, not a stale figure
         profiled = min(self.profiles[model].exec_ns.values())
-        if now_ns + profiled / STALE_OVER_PROFILE > request.deadline_ns - self._margin_ns:
+        if now_ns + profiled / STALE_FACTOR > request.deadline_ns - self._margin_ns:
             return False  # not even a profile taken on a busy machine could be that far off: it would answer late
         idle = [
             d
@@ -358,7 +355,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         if not idle:
             return False
         device = idle[0]
-        if last is not None and self.shapes.fastest_ns(model, device.kind) <= STALE_OVER_PROFILE * profiled:
+        if last is not None and self.shapes.fastest_ns(model, device.kind) <= STALE_FACTOR * profiled:
             return False  # measured, and near the profile: the model is that slow (probes would only answer late)
         self._measured_ns[model] = now_ns
         size = self.shapes.sizes(model)[0]

@@ -165,6 +165,8 @@ def least_work(table: tuple[tuple[int, int], ...], count: int) -> int:
         size, exec_ns = min(table, key=lambda entry: (entry[1] / entry[0], -entry[0]))
         batches = (count - EXACT_SPLIT_BATCHES * largest) // size + 1
         bulk, count = batches * exec_ns, count - batches * size
+    # ``_least_split``'s recurrence for the lane time alone: its tuples (batches, largest batch) cost
+    # admission 1.9% more instructions per request at 8 devices, for answers only the planner needs
     best = [0] * (count + 1)  # best[c]: the least lane time for c requests
     for c in range(1, count + 1):
         best[c] = min(best[c - size if c > size else 0] + exec_ns for size, exec_ns in table)

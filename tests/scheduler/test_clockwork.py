@@ -175,6 +175,30 @@ def test_eviction_prefers_least_recently_used_idle_models() -> None:
     assert evict.earliest_ns <= load.earliest_ns
 
 
+def serve(policy: ClockworkScheduler, model: str, request_id: int, at: int) -> int:
+    """One request of a loaded ``model`` served on device 0; returns the time after."""
+    policy.on_request(request(request_id, model, at), at)
+    (infer,) = infers(policy.schedule(at))
+    done = at + 2 * MS
+    policy.on_result(ok(infer.action_id, 0, at, done), done)
+    policy.schedule(done)
+    return done
+
+
+def test_eviction_spares_a_popular_model_that_was_used_less_recently() -> None:
+    for by_popularity, victim in ((True, "b"), (False, "a")):
+        policy = scheduler(pages=12, evict_by_popularity=by_popularity)  # room for three models
+        now = warm(policy, "a")
+        for i in range(4):
+            now = serve(policy, "a", i, now)  # "a" asked for five times, "b" and "c" once each, since
+        for model in ("b", "c"):
+            now = warm(policy, model, at=now)
+        policy.on_request(request(9, "d", now), now)
+        evict, load = policy.schedule(now).actions
+        assert isinstance(evict, EvictWeights) and evict.model == victim  # LRU: "a"; by popularity: "b"
+        assert isinstance(load, LoadWeights) and load.model == "d"
+
+
 def test_models_in_use_are_never_evicted() -> None:
     policy = scheduler(pages=8)  # room for two models
     now = warm(policy, "a")

@@ -69,12 +69,15 @@ class Admission:
         self._memory_ns = ms_to_ns(config.rate_memory_ms)
         self._margin_ns = config.deadline_margin_ns
         self._arrivals: dict[str, DecayingRate] = {}  # per model: requests per unit of memory
+        self._popularity: dict[str, DecayingRate] = {}  # the same over ``popularity_memory_ms`` (evictions)
+        self._popularity_ns = ms_to_ns(config.popularity_memory_ms)
         self.needs_replica = WatchedSet()  # held models with requests only a new replica can serve
         # per device: (the millisecond it was computed in, models below the fair water level)
         self._protected: dict[int, tuple[int, set[str]]] = {}
 
     def forget(self, model: str) -> None:
         self._arrivals.pop(model, None)
+        self._popularity.pop(model, None)
         self.needs_replica.discard(model)
 
     # --- demand ----------------------------------------------------------------------------
@@ -84,9 +87,19 @@ class Admission:
         if rate is None:
             rate = self._arrivals[model] = DecayingRate(self._memory_ns)
         rate.add(1.0, now_ns)
+        if self.config.evict_by_popularity:
+            popular = self._popularity.get(model)
+            if popular is None:
+                popular = self._popularity[model] = DecayingRate(self._popularity_ns)
+            popular.add(1.0, now_ns)
         holders = self._residency.holding(model)
         for device in holders:
             device.demand.add(self._shapes.fastest_ns(model, device.kind) / len(holders), now_ns)
+
+    def popularity(self, model: str, now_ns: int) -> float:
+        """``model``'s recent arrivals, decayed over ``popularity_memory_ms`` (0 if it has none)."""
+        rate = self._popularity.get(model)
+        return 0.0 if rate is None else rate.value(now_ns)
 
     def model_demand(self, model: str, now_ns: int, kind: str) -> float:
         """Share of one device of ``kind`` that ``model``'s recent arrivals asked for."""

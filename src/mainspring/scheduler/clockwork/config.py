@@ -67,7 +67,12 @@ class ClockworkConfig:
     end to end (the running batch's and the next one's) refused requests that would make it
     (``benchmarks/closed_loop_noise.py``; ``docs/scheduler.md``).
     ``estimate_max_age_s``: measurements older than this stop counting (None: never), so one
-    stall cannot lock a model out for good; models measured less often fall back to the profile."""
+    stall cannot lock a model out for good; models measured less often fall back to the profile.
+    ``evict_by_popularity``: a load that needs room evicts, among the least recently used models it
+    may evict (``loads.EVICTION_SAMPLE`` of them, or as many as the room takes), the ones with the
+    fewest recent arrivals (remembered over ``popularity_memory_ms``) first; off: the least recently
+    used first, as Clockwork. Under skewed popularity LRU evicts a popular model after one gap in
+    its arrivals and loads it again soon after (``docs/scheduler.md``, "Evictions")."""
 
     horizon_ms: float = 5.0
     window_slack_ms: float | None = None
@@ -98,6 +103,8 @@ class ClockworkConfig:
     probe_after_ms: float | None = 1000.0
     monotone_estimates: bool = True
     admission_percentile_cpu: float | None = None
+    evict_by_popularity: bool = True
+    popularity_memory_ms: float = 10_000.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -107,6 +114,8 @@ class ClockworkConfig:
             problems.append(f"window_slack_ms={self.window_slack_ms} must not be negative")
         if not 0 < self.min_share <= 1 or self.rate_memory_ms <= 0:
             problems.append(f"min_share={self.min_share} must lie in (0, 1], rate_memory_ms={self.rate_memory_ms} > 0")
+        if self.popularity_memory_ms <= 0:
+            problems.append(f"popularity_memory_ms={self.popularity_memory_ms} must be positive")
         if self.deadline_margin_ms < 0:
             problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must not be negative")
         if self.estimate_max_age_s is not None and self.estimate_max_age_s <= 0:

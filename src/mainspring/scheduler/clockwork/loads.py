@@ -37,6 +37,9 @@ Tiers = list[tuple["Tier", list[tuple[int, str]]]]  # each tier's (sort key, mod
 PageCount = Callable[[str, DeviceState], int]
 
 
+# Evictions weigh popularity among this many least recently used candidates: bounded work per
+# eviction (a V100 holds hundreds of models), and a model used a moment ago is never the victim.
+EVICTION_SAMPLE = 32
 FULL_MARGIN = 1e-9  # far above the rounding of a sum of device shares taken in another order
 
 
@@ -120,7 +123,7 @@ class LoadPlanner:
                 if queued and not self._can_help(device, model, now_ns):
                     continue
                 idle_only = tier in (Tier.TURNED_AWAY, Tier.REPLICA) or not queued
-                victims = self.eviction_victims(device, model, idle_only=idle_only)
+                victims = self.eviction_victims(device, model, idle_only=idle_only, now_ns=now_ns)
                 if victims is None:
                     continue
                 issue(device, model, victims, now_ns, decisions)
@@ -248,10 +251,13 @@ class LoadPlanner:
         finish = start + self._shapes.fastest_ns(model, device.kind) + self.config.deadline_margin_ns
         return finish <= self._queues[model].max_deadline_ns
 
-    def eviction_victims(self, device: DeviceState, model: str, idle_only: bool = False) -> list[str] | None:
-        """Models to evict so that ``model`` fits: least recently used without queued demand
-        first, then (unless ``idle_only``) least recently used; never one with work in
-        flight. None if impossible."""
+    def eviction_victims(
+        self, device: DeviceState, model: str, idle_only: bool = False, now_ns: int | None = None
+    ) -> list[str] | None:
+        """Models to evict so that ``model`` fits: ones without queued demand first, then (unless
+        ``idle_only``) any; never one with work in flight. Within each, the least recently used
+        first; given ``now_ns`` (and ``evict_by_popularity``), the least popular of the
+        ``EVICTION_SAMPLE`` least recently used first. None if impossible."""
         need = self._pages(model, device)
         if device.free_pages >= need:
             return []
@@ -259,12 +265,30 @@ class LoadPlanner:
             return None
         freed = device.free_pages
         victims: list[str] = []
+        at = now_ns if self.config.evict_by_popularity else None
+        sample = 0 if at is None else EVICTION_SAMPLE
         for idle_pass in (True,) if idle_only else (True, False):
-            for held in device.last_used:
+            candidates = self._evictable(device, idle_pass, victims, need - freed, sample)
+            if at is not None:
+                popularity = self._admission.popularity
+                candidates.sort(key=lambda held: popularity(held, at))  # stable: ties stay in LRU order
+            for held in candidates:
                 if freed >= need:
                     return victims
-                if held in device.pinned or held in victims or (idle_pass and held in self._queues):
-                    continue
                 victims.append(held)
                 freed += self._pages(held, device)
         return victims if freed >= need else None
+
+    def _evictable(self, device: DeviceState, idle_only: bool, taken: list[str], need: int, at_least: int) -> list[str]:
+        """Models ``device`` may evict, least recently used first, until they free ``need`` pages and
+        number ``at_least``."""
+        found: list[str] = []
+        pages = 0
+        for held in device.last_used:
+            if pages >= need and len(found) >= at_least:
+                break
+            if held in device.pinned or held in taken or (idle_only and held in self._queues):
+                continue
+            found.append(held)
+            pages += self._pages(held, device)
+        return found

@@ -38,7 +38,7 @@ PageCount = Callable[[str, DeviceState], int]
 
 
 # Evictions weigh popularity among this many least recently used candidates: bounded work per
-# eviction (a V100 holds hundreds of models), and a model used a moment ago is never the victim.
+# eviction where a device holds hundreds of models (a V100); a smaller pool is weighed whole.
 EVICTION_SAMPLE = 32
 FULL_MARGIN = 1e-9  # far above the rounding of a sum of device shares taken in another order
 

@@ -188,11 +188,11 @@ def serve(policy: ClockworkScheduler, model: str, request_id: int, at: int) -> i
 def test_eviction_spares_a_popular_model_that_was_used_less_recently() -> None:
     for by_popularity, victim in ((True, "b"), (False, "a")):
         policy = scheduler(pages=12, evict_by_popularity=by_popularity)  # room for three models
-        now = warm(policy, "a")
-        for i in range(4):
-            now = serve(policy, "a", i, now)  # "a" asked for five times, "b" and "c" once each, since
-        for model in ("b", "c"):
-            now = warm(policy, model, at=now)
+        now = 0
+        for model in ("a", "b", "c"):
+            now = warm(policy, model, at=now)  # the pool is full: arrivals count from here
+        for i, model in enumerate(("a", "a", "a", "a", "b", "c")):
+            now = serve(policy, model, i, now)  # "a" the least recently used, and the most popular
         policy.on_request(request(9, "d", now), now)
         evict, load = policy.schedule(now).actions
         assert isinstance(evict, EvictWeights) and evict.model == victim  # LRU: "a"; by popularity: "b"

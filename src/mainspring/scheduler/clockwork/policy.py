@@ -435,7 +435,10 @@ class ClockworkScheduler(PolicyBookkeeping):
             expected_duration_ns=expected,
         )
         ready = device.load_lane.plan(load.action_id, start, expected)
-        generation = self.residency.hold(device, model, ready, self._pages_on(model, device))
+        pages = self._pages_on(model, device)
+        generation = self.residency.hold(device, model, ready, pages)
+        if device.free_pages < pages:  # the next such load needs an eviction: what it weighs counts from now
+            self.admission.counts_popularity = True
         self.loads.turned_away.discard(model)
         device.loading.add(model)
         device.pin(model)

@@ -27,6 +27,12 @@ ACTIONS = [
     ),
     # loaded long before its request's last chance to start: what held the request was other work
     ActionRow(9, "load", 1, "loaded", 0, 0, 10 * MS, 10 * MS, 15 * MS, 10 * MS, "ok", 10 * MS, 20 * MS, 21 * MS, ""),
+    # loaded, then evicted before its request came, and not loaded again in time: it waited for a load
+    ActionRow(10, "load", 1, "evicted", 0, 0, 0, 0, 5 * MS, 10 * MS, "ok", 0, 10 * MS, 11 * MS, ""),
+    ActionRow(11, "evict", 1, "evicted", 0, 0, 12 * MS, 12 * MS, 3600_000 * MS, 0, "ok", 12 * MS, 12 * MS, 13 * MS, ""),
+    ActionRow(
+        12, "load", 1, "evicted", 0, 0, 95 * MS, 95 * MS, 100 * MS, 10 * MS, "ok", 95 * MS, 105 * MS, 106 * MS, ""
+    ),
 ]
 REQUESTS = [
     RequestRow(1, "fine", 0, 100 * MS, 23 * MS, "success", "", 7, False, "served"),
@@ -40,6 +46,7 @@ REQUESTS = [
     RequestRow(9, "busy", 0, 100 * MS, 80 * MS, "rejected", "expired", -1, False, "expired_in_queue"),
     RequestRow(10, "any", 0, 100 * MS, 40 * MS, "error", "worker gone", -1, False, "worker_lost"),
     RequestRow(11, "loaded", 5 * MS, 105 * MS, 80 * MS, "rejected", "expired", -1, False, "expired_in_queue"),
+    RequestRow(12, "evicted", 20 * MS, 120 * MS, 90 * MS, "rejected", "expired", -1, False, "expired_in_queue"),
 ]
 CAUSES = {
     "served late: waited for its model to load": 1,
@@ -50,6 +57,7 @@ CAUSES = {
     "rejected at arrival: over its share of the devices (overloaded)": 1,
     "expired in queue: while its model was loading": 1,
     "expired in queue: behind other work": 2,
+    "expired in queue: its model held nowhere, no load of it started in time": 1,
     "failed: worker_lost": 1,
 }
 
@@ -65,7 +73,7 @@ def test_each_miss_gets_its_cause(tmp_path: Path) -> None:
     write(tmp_path, "hand")
     assert runs(tmp_path) == ["hand"]
     analysis = analyze(tmp_path, "hand")
-    assert analysis.requests == 11 and analysis.good == 1 and analysis.missed == 10
+    assert analysis.requests == 12 and analysis.good == 1 and analysis.missed == 11
     assert {cause: entry.count for cause, entry in analysis.causes.items()} == CAUSES
     assert analysis.refused_actions == {"infer: window closed N ms before": 1}
     assert len(analysis.infer_error_ms) == 5
@@ -99,6 +107,6 @@ def test_the_command_reads_a_folder_of_runs(tmp_path: Path, capsys: pytest.Captu
     write(tmp_path, "live-20261130-000000")
     assert main(["analyze", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "11 requests, 10 missed the SLO" in out and "expired in queue: while its model was loading" in out
+    assert "12 requests, 11 missed the SLO" in out and "expired in queue: while its model was loading" in out
     with pytest.raises(SystemExit):
         main(["analyze", str(tmp_path / "none")])

@@ -6,7 +6,8 @@ not answered successfully within its deadline gets one cause:
 
 - rejected at arrival: the deadline could not be met (``deadline_at_arrival``), or the model
   asked for more than its share (``overloaded``);
-- expired in queue, while its model was loading, or behind other work;
+- expired in queue, while its model was loading, or held nowhere with no load of it started in
+  time (its load waited behind other loads, or found no room), or behind other work;
 - served late, after waiting for a load (``cold``), or because its batch ran longer than
   predicted, or because the answer's trip back took the rest, or started too late;
 - failed: the outcome (worker lost, input failed, ...).
@@ -21,6 +22,7 @@ not the plan's; misses where the lanes were busiest are the load's.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import csv
 import re
@@ -89,19 +91,22 @@ def analyze(directory: Path, run: str) -> Analysis:
     requests = _rows(directory / f"{run}-requests.tsv")
     actions = {int(a["action_id"]): a for a in _rows(directory / f"{run}-actions.tsv")}
     loads: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    residency = Residency()
     refused: collections.Counter[str] = collections.Counter()
     errors = []
     for action in actions.values():
         if action["status"] != "ok":
             refused[f"{action['kind']}: {_FIGURE.sub('N', action['message'][:80])}"] += 1
-        elif action["kind"] == "load":
+            continue
+        residency.record(action)
+        if action["kind"] == "load":
             loads[action["model"]].append((int(action["sent_ns"]), int(action["end_ns"])))
         elif action["kind"] == "infer":
             errors.append(ns_to_ms(int(action["end_ns"]) - int(action["begin_ns"]) - int(action["expected_ns"])))
     causes: dict[str, Cause] = collections.defaultdict(Cause)
     good = 0
     for request in requests:
-        cause = cause_of(request, actions, loads)
+        cause = cause_of(request, actions, loads, residency)
         if cause is None:
             good += 1
             continue
@@ -158,8 +163,38 @@ def met_slo(request: dict[str, str]) -> bool:
     return request["status"] == SUCCESS and int(request["answered_ns"]) <= int(request["deadline_ns"])
 
 
+class Residency:
+    """Where each model was held over the run, from its loads (held from their end) and evictions
+    (gone from when they were sent: the controller counts the room free from then)."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, dict[str, list[tuple[int, bool]]]] = {}  # model -> device -> (time, held)
+
+    def record(self, action: dict[str, str]) -> None:
+        if action["kind"] in ("load", "evict"):
+            held = action["kind"] == "load"
+            at = int(action["end_ns"] if held else action["sent_ns"])
+            self._events.setdefault(action["model"], {}).setdefault(action["device"], []).append((at, held))
+
+    def held_anywhere(self, model: str, at_ns: int) -> bool | None:
+        """Whether ``model`` was held on some device at ``at_ns``; None when the logs never load
+        or evict it (held since before the log began, or never: they cannot say)."""
+        devices = self._events.get(model)
+        if not devices:
+            return None
+        for events in devices.values():
+            events.sort()  # mostly sorted already (actions come in order of id)
+            since = bisect.bisect_right(events, (at_ns, True))  # events at or before ``at_ns``
+            if events[since - 1][1] if since else not events[0][1]:  # none yet: held before the log if first evicted
+                return True
+        return False
+
+
 def cause_of(
-    request: dict[str, str], actions: dict[int, dict[str, str]], loads: dict[str, list[tuple[int, int]]]
+    request: dict[str, str],
+    actions: dict[int, dict[str, str]],
+    loads: dict[str, list[tuple[int, int]]],
+    residency: Residency | None = None,
 ) -> str | None:
     """Why ``request`` missed its SLO; None if it did not."""
     if met_slo(request):
@@ -186,7 +221,12 @@ def cause_of(
         # Expiry comes at the last moment a batch could still start: a load that ended before it had
         # made the model ready in time, and what held the request was other work.
         loading = any(sent <= answered and end >= answered for sent, end in loads.get(request["model"], ()))
-        return "expired in queue: " + ("while its model was loading" if loading else "behind other work")
+        if loading:
+            return "expired in queue: while its model was loading"
+        if residency is not None and residency.held_anywhere(request["model"], answered) is False:
+            return "expired in queue: its model held nowhere, no load of it started in time"
+        return "expired in queue: behind other work"
+
     return f"failed: {outcome}"
 
 

@@ -91,14 +91,14 @@ def analyze(directory: Path, run: str) -> Analysis:
     requests = _rows(directory / f"{run}-requests.tsv")
     actions = {int(a["action_id"]): a for a in _rows(directory / f"{run}-actions.tsv")}
     loads: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
-    residency = Residency()
+    holdings = Holdings()
     refused: collections.Counter[str] = collections.Counter()
     errors = []
     for action in actions.values():
         if action["status"] != "ok":
             refused[f"{action['kind']}: {_FIGURE.sub('N', action['message'][:80])}"] += 1
             continue
-        residency.record(action)
+        holdings.record(action)
         if action["kind"] == "load":
             loads[action["model"]].append((int(action["sent_ns"]), int(action["end_ns"])))
         elif action["kind"] == "infer":
@@ -106,7 +106,7 @@ def analyze(directory: Path, run: str) -> Analysis:
     causes: dict[str, Cause] = collections.defaultdict(Cause)
     good = 0
     for request in requests:
-        cause = cause_of(request, actions, loads, residency)
+        cause = cause_of(request, actions, loads, holdings)
         if cause is None:
             good += 1
             continue
@@ -163,7 +163,7 @@ def met_slo(request: dict[str, str]) -> bool:
     return request["status"] == SUCCESS and int(request["answered_ns"]) <= int(request["deadline_ns"])
 
 
-class Residency:
+class Holdings:
     """Where each model was held over the run, from its loads (held from their end) and evictions
     (gone from when they were sent: the controller counts the room free from then)."""
 
@@ -194,7 +194,7 @@ def cause_of(
     request: dict[str, str],
     actions: dict[int, dict[str, str]],
     loads: dict[str, list[tuple[int, int]]],
-    residency: Residency | None = None,
+    holdings: Holdings | None = None,
 ) -> str | None:
     """Why ``request`` missed its SLO; None if it did not."""
     if met_slo(request):
@@ -223,7 +223,7 @@ def cause_of(
         loading = any(sent <= answered and end >= answered for sent, end in loads.get(request["model"], ()))
         if loading:
             return "expired in queue: while its model was loading"
-        if residency is not None and residency.held_anywhere(request["model"], answered) is False:
+        if holdings is not None and holdings.held_anywhere(request["model"], answered) is False:
             return "expired in queue: its model held nowhere, no load of it started in time"
         return "expired in queue: behind other work"
 

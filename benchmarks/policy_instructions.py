@@ -1,4 +1,4 @@
-"""Policy cost in instructions: this checkout against another, side by side, free of the machine's noise.
+"""Policy cost in instructions: this checkout against another, side by side, nearly free of the machine's noise.
 
 CPU time per request (``controller_cost.py``) moves by a third between moments on a shared
 machine, and by half when another process shares the core, which hides a 10% change. This
@@ -8,6 +8,9 @@ directory of another checkout, e.g. from ``git worktree add /tmp/before <commit>
 same hash seed, and subtracts each side's setup (the same run with no simulated time). The
 workload is ``controller_cost.py``'s: N devices, 50 model copies each, Poisson arrivals at
 250 r/s per device, every model starting cold. Needs valgrind (``apt-get install valgrind``).
+Nearly free of noise, not entirely: one checkout against itself gave 1.004x, and the same
+checkout counted 1,058,446 and 1,070,205 instructions per request at 8 devices in two runs
+(2026-12-02), so differences under about 1% are not resolved.
 
     .venv/bin/python benchmarks/policy_instructions.py --other /tmp/before/src [--devices 1 4 8] [--duration-s 2]
 """

@@ -72,7 +72,7 @@ class Admission:
         self._popularity: dict[str, DecayingRate] = {}  # the same over ``popularity_memory_ms`` (evictions)
         self._popularity_ns = ms_to_ns(config.popularity_memory_ms)
         # Set once a device's pool fills (``_issue_load``, ``eviction_victims``): with room for every
-        # model nothing evicts, and counting every arrival cost 1.4% of the policy's instructions.
+        # model nothing evicts, and counting every arrival measured 1.4% more policy instructions.
         self.counts_popularity = False
         self.needs_replica = WatchedSet()  # held models with requests only a new replica can serve
         # per device: (the millisecond it was computed in, models below the fair water level)

@@ -6,13 +6,21 @@ import random
 from collections.abc import Iterator, Sequence
 
 from mainspring.models.profile import ModelProfile
-from mainspring.protocol import Action, ActionResult, ActionStatus, Request, Timing
+from mainspring.protocol import CPU_KIND, Action, ActionResult, ActionStatus, Request, Timing
 from mainspring.protocol.pages import MIB
 from mainspring.scheduler.base import Decisions
-from mainspring.time import NS_PER_MS
+from mainspring.time import NS_PER_MS, ms_to_ns
 from mainspring.workload.base import Arrival, Workload
 
 PAGE = 16 * MIB
+# resnet18 (64x64) on one thread of this machine's CPU (``benchmarks/closed_loop_noise.py``)
+CPU_RESNET18 = ModelProfile(
+    "resnet18",
+    CPU_KIND,
+    46_796_608,
+    ms_to_ns(36),
+    {1: ms_to_ns(9.8), 2: ms_to_ns(16.6), 4: ms_to_ns(23.5), 8: ms_to_ns(40.3)},
+)
 
 
 def profile(

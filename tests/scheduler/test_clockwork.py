@@ -175,11 +175,11 @@ def test_eviction_prefers_least_recently_used_idle_models() -> None:
     assert evict.earliest_ns <= load.earliest_ns
 
 
-def serve(policy: ClockworkScheduler, model: str, request_id: int, at: int) -> int:
-    """One request of a loaded ``model`` served on device 0; returns the time after."""
+def serve(policy: ClockworkScheduler, model: str, request_id: int, at: int, took_ns: int = 2 * MS) -> int:
+    """One request of a loaded ``model`` served on device 0 in ``took_ns``; returns the time after."""
     policy.on_request(request(request_id, model, at), at)
     (infer,) = infers(policy.schedule(at))
-    done = at + 2 * MS
+    done = at + took_ns
     policy.on_result(ok(infer.action_id, 0, at, done), done)
     policy.schedule(done)
     return done
@@ -292,12 +292,7 @@ def test_a_fleet_of_two_kinds_is_planned_with_each_kind_s_estimates() -> None:
 def stall(policy: ClockworkScheduler) -> int:
     """Warm model "a", then measure one of its 2 ms batches at three seconds; returns that moment."""
     now = warm(policy, "a")
-    policy.on_request(request(1, "a", now, slo_ms=100), now)
-    (infer,) = infers(policy.schedule(now))
-    stalled = now + 3_000 * MS
-    policy.on_result(ok(infer.action_id, 0, now, stalled), stalled)
-    policy.schedule(stalled)
-    return stalled
+    return serve(policy, "a", 1, now, took_ns=3_000 * MS)
 
 
 def test_one_stall_does_not_lock_a_model_out_for_good() -> None:

@@ -9,28 +9,21 @@ held far above its profile is forgotten after a second unmeasured, and admission
 as the planner splits it; and a CPU is planned at the median, where the loop's two batches of
 eight fit the SLO."""
 
-from mainspring.models.profile import ModelProfile
 from mainspring.protocol import CPU_KIND
 from mainspring.sim.run import SimulationConfig, simulate
 from mainspring.telemetry.report import RunReport
 from mainspring.time import NS_PER_S, ms_to_ns
 from mainspring.worker.runtimes.emulated import NoiseModel
 from mainspring.workload import ClosedLoop
+from tests.fakes import CPU_RESNET18
 
-# resnet18 (64x64) on one thread of this machine's CPU; a tail like a CPU that shares its cores
-CPU_MODEL = ModelProfile(
-    "resnet18",
-    CPU_KIND,
-    46_796_608,
-    ms_to_ns(36),
-    {1: ms_to_ns(9.8), 2: ms_to_ns(16.6), 4: ms_to_ns(23.5), 8: ms_to_ns(40.3)},
-)
+# a tail like a CPU that shares its cores
 SHARED_CPU = NoiseModel(jitter_sigma=0.15, spike_probability=0.05, spike_min_factor=1.5, spike_max_factor=3.5)
 
 
 def closed_loop(settings: dict[str, object] | None, policy: str = "clockwork") -> RunReport:
     config = SimulationConfig(10 * NS_PER_S, 1, CPU_KIND, slo_ns=ms_to_ns(102), seed=1, noise=SHARED_CPU)
-    return simulate(policy, [CPU_MODEL], ClosedLoop(16), config, settings=settings).report
+    return simulate(policy, [CPU_RESNET18], ClosedLoop(16), config, settings=settings).report
 
 
 P90 = {"estimate_percentile_cpu": 90.0}

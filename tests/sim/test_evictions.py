@@ -5,21 +5,14 @@ Thirty copies of a model share a pool that holds ten, with Zipf popularity (S3 o
 its arrivals and loads it again soon after; the load lane, one load at a time, then delays the
 requests of cold models behind those reloads."""
 
-from mainspring.models.profile import ModelProfile, model_copies
+from mainspring.models.profile import model_copies
 from mainspring.protocol import CPU_KIND
 from mainspring.sim.run import SimulationConfig, simulate
 from mainspring.telemetry.report import RunReport
 from mainspring.time import NS_PER_S, ms_to_ns
 from mainspring.workload import PoissonOpenLoop
+from tests.fakes import CPU_RESNET18
 
-# resnet18 (64x64) on one thread of this machine's CPU
-CPU_MODEL = ModelProfile(
-    "resnet18",
-    CPU_KIND,
-    46_796_608,
-    ms_to_ns(36),
-    {1: ms_to_ns(9.8), 2: ms_to_ns(16.6), 4: ms_to_ns(23.5), 8: ms_to_ns(40.3)},
-)
 POOL_FOR_TEN = 10 * 47 * 2**20
 
 
@@ -29,7 +22,7 @@ def many_models(rate: float, by_popularity: bool, seed: int) -> RunReport:
     )
     workload = PoissonOpenLoop(rate, popularity="zipf")
     settings = {"evict_by_popularity": by_popularity}
-    return simulate("clockwork", model_copies([CPU_MODEL], 30), workload, config, settings=settings).report
+    return simulate("clockwork", model_copies([CPU_RESNET18], 30), workload, config, settings=settings).report
 
 
 def test_evicting_the_least_popular_loads_less_and_serves_more() -> None:

@@ -169,21 +169,27 @@ class Holdings:
 
     def __init__(self) -> None:
         self._events: dict[str, dict[str, list[tuple[int, bool]]]] = {}  # model -> device -> (time, held)
+        self._sorted = True
 
     def record(self, action: dict[str, str]) -> None:
         if action["kind"] in ("load", "evict"):
             held = action["kind"] == "load"
             at = int(action["end_ns"] if held else action["sent_ns"])
             self._events.setdefault(action["model"], {}).setdefault(action["device"], []).append((at, held))
+            self._sorted = False
 
     def held_anywhere(self, model: str, at_ns: int) -> bool | None:
         """Whether ``model`` was held on some device at ``at_ns``; None when the logs never load
         or evict it (held since before the log began, or never: they cannot say)."""
+        if not self._sorted:  # loads are placed at their end, evictions when sent: not in log order
+            for by_device in self._events.values():
+                for events in by_device.values():
+                    events.sort()
+            self._sorted = True
         devices = self._events.get(model)
         if not devices:
             return None
         for events in devices.values():
-            events.sort()  # mostly sorted already (actions come in order of id)
             since = bisect.bisect_right(events, (at_ns, True))  # events at or before ``at_ns``
             if events[since - 1][1] if since else not events[0][1]:  # none yet: held before the log if first evicted
                 return True

@@ -265,9 +265,8 @@ class LoadPlanner:
             return None
         freed = device.free_pages
         victims: list[str] = []
+        self._admission.pool_filled()
         at = now_ns if self.config.evict_by_popularity else None
-        if at is not None:
-            self._admission.counts_popularity = True  # memory is short: count arrivals from now on
         sample = 0 if at is None else EVICTION_SAMPLE
         for idle_pass in (True,) if idle_only else (True, False):
             candidates = self._evictable(device, idle_pass, victims, need - freed, sample)

@@ -437,8 +437,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         ready = device.load_lane.plan(load.action_id, start, expected)
         pages = self._pages_on(model, device)
         generation = self.residency.hold(device, model, ready, pages)
-        if device.free_pages < pages:  # the next such load needs an eviction: what it weighs counts from now
-            self.admission.counts_popularity = True
+        if device.free_pages < pages:  # the next such load needs an eviction
+            self.admission.pool_filled()
         self.loads.turned_away.discard(model)
         device.loading.add(model)
         device.pin(model)

@@ -569,3 +569,53 @@ def test_admission_s_own_estimates_forget_a_removed_model() -> None:
     policy.add_model(profile("a", exec_ms={1: 2.0, 2: 3.0}, pages=4))
     assert policy.shapes.sizes("a") == (1, 2)
     assert policy.judged.sizes("a") == (1, 2)
+
+
+# Batching pays: a batch of 4 costs little more than one request, two little more than one.
+EAGER = profile("eager", exec_ms={1: 0.8, 2: 0.9, 4: 1.2, 8: 2.0}, pages=4)
+
+
+def queue_of_three_after(rate_per_ms: int, slo_ms: float = 100, **config: float) -> tuple[ClockworkScheduler, int]:
+    """A model asked ``rate_per_ms`` times a millisecond for 100 ms, served as it comes (its rate
+    remembered over 10 ms); then three requests reach its idle lane together."""
+    spec = DeviceSpec(0, "v100", 100 * PAGE, PAGE)
+    policy = ClockworkScheduler({"eager": EAGER}, [spec], ClockworkConfig(rate_memory_ms=10, **config))  # type: ignore[arg-type]
+    now = 0
+    for request_id in range(1, 100 * rate_per_ms + 1):
+        policy.on_request(request(request_id, "eager", now), now)
+        if request_id % rate_per_ms:
+            continue
+        for action in policy.schedule(now).actions:  # the load first, then a batch each millisecond
+            done = now + action.expected_duration_ns
+            policy.on_result(ok(action.action_id, 0, now, done), done)
+            policy.schedule(done)
+        now += MS
+    now = max(now, policy.residency.device(0).exec_lane.free_ns)
+    for i in range(3):
+        policy.on_request(request(i, "eager", now, slo_ms), now)
+    return policy, now
+
+
+def test_a_hot_model_s_padded_batch_waits_for_the_request_that_fills_it() -> None:
+    # Three requests run as a batch of 4 (1.2 ms, as 2 + 1 would take 1.7), so a fourth would be
+    # served in the empty place for nothing: 0.8 ms of lane time saved, and at two a millisecond
+    # it is due within them. The lane waits that long for it, no longer.
+    policy, now = queue_of_three_after(rate_per_ms=2)
+    decisions = policy.schedule(now)
+    assert not infers(decisions) and decisions.wakeup_ns == now + 8 * MS // 10
+    policy.on_request(request(3, "eager", now + MS // 2), now + MS // 2)
+    (batch,) = infers(policy.schedule(now + MS // 2))
+    assert batch.batch_size == 4 and batch.request_ids == (0, 1, 2, 3)
+    policy, now = queue_of_three_after(rate_per_ms=2)  # nobody comes: the three go at the wake-up
+    (batch,) = infers(policy.schedule(now + 8 * MS // 10))
+    assert batch.request_ids == (0, 1, 2)
+
+
+def test_a_batch_runs_at_once_when_waiting_does_not_pay() -> None:
+    cases = [
+        queue_of_three_after(rate_per_ms=1),  # fewer than one arrival expected within the 0.8 ms
+        queue_of_three_after(rate_per_ms=2, slo_ms=1.9),  # 0.8 ms of waiting and 1.2 of batch: too late
+        queue_of_three_after(rate_per_ms=2, gather_max_ms=None),  # type: ignore[arg-type]
+    ]
+    for policy, now in cases:
+        assert [len(b.request_ids) for b in infers(policy.schedule(now))] == [3]

@@ -108,6 +108,11 @@ class Admission:
         rate = self._popularity.get(model)
         return 0.0 if rate is None else rate.value(now_ns)
 
+    def arrivals_per_ns(self, model: str, now_ns: int) -> float:
+        """``model``'s recent arrival rate, decayed over ``rate_memory_ms``."""
+        rate = self._arrivals.get(model)
+        return 0.0 if rate is None else rate.value(now_ns)
+
     def model_demand(self, model: str, now_ns: int, kind: str) -> float:
         """Share of one device of ``kind`` that ``model``'s recent arrivals asked for."""
         rate = self._arrivals.get(model)

@@ -18,7 +18,7 @@ from mainspring.scheduler.clockwork.admission import Admission
 from mainspring.scheduler.clockwork.config import ClockworkConfig
 from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
 from mainspring.scheduler.clockwork.residency import Residency
-from mainspring.scheduler.clockwork.shapes import BatchShapes, cheapest_in, first_of_split
+from mainspring.scheduler.clockwork.shapes import BatchShapes, cheapest_in, first_of_split, least_work
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 
 SHEDDING_SHARE = 0.1  # a device is shedding load once this share of its recent requests expired in queue
@@ -65,6 +65,7 @@ class BatchPlanner:
         self._admission = admission
         self._feasible_head = feasible_head
         self._margin_ns = config.deadline_margin_ns
+        self._gather_max_ns = config.gather_max_ns
 
     def weigh(self, device: DeviceState, start_ns: int, now_ns: int) -> list[Choice]:
         """Each waiting model's ``best_batch`` here (those it finds), in model order (sorted: runs
@@ -95,6 +96,41 @@ class BatchPlanner:
             if choice is not None:
                 choices.append(choice)
         return choices
+
+    def gather_until(self, device: DeviceState, choice: Choice, now_ns: int) -> int | None:
+        """When to run ``choice``, if its lane should wait for one more request first (None: now).
+
+        Only a batch that takes its model's whole queue and could hold one more: one more request
+        saves the lane ``saved = least_work(n) + least_work(1) - least_work(n + 1)`` (a padded place
+        filled for nothing, or one batch instead of two). If it arrives after ``t`` of waiting the
+        lane spends ``t + least_work(n + 1)`` instead of ``least_work(n) + least_work(1)``; if none
+        comes within a wait ``w``, the lane idled ``w``. With arrivals at rate ``r`` the expected
+        saving grows with ``w`` when ``r * saved > 1`` and shrinks otherwise. So the lane waits
+        when at least one arrival is expected within ``saved``, and ``saved`` long: the longest
+        wait after which the newcomer still ends no later than it would alone after the batch.
+        Counted from the later of the lane's freeing and the head's arrival, at most
+        ``gather_max_ms``, and only while the batch one larger would still meet the head's
+        deadline. ``r``: the model's arrival rate over its holders."""
+        if self._gather_max_ns is None or choice.skip:
+            return None
+        model = choice.model
+        queue = self._queues[model]
+        n = queue.count
+        table, least = self._shapes.estimates(model, device.kind)
+        if choice.n_requests < n or n >= table[-1][0]:
+            return None
+        expected_per_ns = self._admission.arrivals_per_ns(model, now_ns) / len(self._residency.holding(model))
+        if expected_per_ns * least < 1.0:  # ``saved`` is at most the least estimate: most batches end here
+            return None
+        saved = least_work(table, n) + least - least_work(table, n + 1)
+        if saved <= 0 or expected_per_ns * saved < 1.0:
+            return None
+        head = queue.head()
+        assert head is not None  # the queue holds the chosen batch
+        until = max(device.exec_lane.free_ns, head.arrival_ns) + min(saved, self._gather_max_ns)
+        if until <= now_ns or until + least_work(table, n + 1) > choice.deadline_ns - self._margin_ns:
+            return None
+        return until
 
     def best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> Choice | None:
         """The largest batch of ``model`` that meets its most urgent deadline here, with its slack."""

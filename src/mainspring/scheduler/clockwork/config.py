@@ -72,7 +72,13 @@ class ClockworkConfig:
     may evict (``loads.EVICTION_SAMPLE`` of them, or as many as the room takes), the ones with the
     fewest recent arrivals (remembered over ``popularity_memory_ms``) first; off: the least recently
     used first, as Clockwork. Under skewed popularity LRU evicts a popular model after one gap in
-    its arrivals and loads it again soon after (``docs/scheduler.md``, "Evictions")."""
+    its arrivals and loads it again soon after (``docs/scheduler.md``, "Evictions").
+    ``gather_max_ms``: a free lane about to run a model's whole queue in a batch that could hold one
+    more request waits, up to this long, for that request, when its model's arrival rate on the
+    device expects at least one within the lane time the extra request would save (a padded place
+    filled for nothing, or one batch instead of two); never past what the head's deadline allows
+    (None: never wait, as Clockwork). The wait pays in expectation only from that rate up
+    (``docs/scheduler.md``, "Waiting for one more request")."""
 
     horizon_ms: float = 5.0
     window_slack_ms: float | None = None
@@ -105,6 +111,7 @@ class ClockworkConfig:
     admission_percentile_cpu: float | None = None
     evict_by_popularity: bool = True
     popularity_memory_ms: float = 10_000.0
+    gather_max_ms: float | None = 10.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -124,6 +131,8 @@ class ClockworkConfig:
             problems.append(f"spill_after={self.spill_after} must lie in (0, 1) (or None)")
         if self.probe_after_ms is not None and self.probe_after_ms <= 0:
             problems.append(f"probe_after_ms={self.probe_after_ms} must be positive (or None)")
+        if self.gather_max_ms is not None and self.gather_max_ms <= 0:
+            problems.append(f"gather_max_ms={self.gather_max_ms} must be positive (or None)")
         if self.estimate_window < 1:
             problems.append(f"estimate_window={self.estimate_window} must be at least 1")
         for name in ("estimate_percentile", "estimate_percentile_cpu", "admission_percentile_cpu"):
@@ -151,6 +160,10 @@ class ClockworkConfig:
     @property
     def horizon_ns(self) -> int:
         return ms_to_ns(self.horizon_ms)
+
+    @property
+    def gather_max_ns(self) -> int | None:
+        return None if self.gather_max_ms is None else ms_to_ns(self.gather_max_ms)
 
     @property
     def deadline_margin_ns(self) -> int:

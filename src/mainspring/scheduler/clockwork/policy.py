@@ -95,6 +95,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         self.estimator.watch(self.strands.estimates_changed)
         self._measured_ns: dict[str, int] = {}  # per model: its smallest batch's last measurement or probe
         self._probes: list[Infer] = []  # issued by ``on_request``, handed out by the next ``schedule``
+        self._gather_until = NEVER  # this pass: the first moment a device stops waiting to fill a batch
 
     def _estimator(self, cpu_percentile: float) -> Estimator:
         config = self.config
@@ -151,6 +152,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         self._probes.clear()
         self._expire(now_ns)
         self.estimator.expire(now_ns)
+        self._gather_until = NEVER
         limit = now_ns + self.horizon_ns
         for device in self.residency.exec_due.due(limit):
             if device.waiting and device.exec_lane.free_ns <= limit:  # planning another may have closed its queues
@@ -262,6 +264,10 @@ class ClockworkScheduler(PolicyBookkeeping):
             chosen = min(choices)
             if len(choices) > 1:
                 chosen = self.batches.trade_off(device, chosen, choices, now_ns)
+            gather_until = self.batches.gather_until(device, chosen, now_ns)
+            if gather_until is not None:
+                self._gather_until = min(self._gather_until, gather_until)
+                return
             self._issue_infer(device, chosen, now_ns, decisions)
 
     def _feasible_head(self, queue: ModelQueue, now_ns: int) -> Request | None:
@@ -450,6 +456,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         """The earliest future time something is due: an expiry, or a lane freeing within the horizon."""
         expiry = self.queues.next_expiry_ns()
         best = expiry if expiry is not None and expiry > now_ns else NEVER
+        best = min(best, self._gather_until)
         after = now_ns + self.horizon_ns  # lanes due later than this wake the policy
         lanes = [self.residency.exec_due.next_after(after, always)]
         if self.loads.wanted:

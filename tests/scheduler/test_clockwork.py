@@ -575,12 +575,15 @@ def test_admission_s_own_estimates_forget_a_removed_model() -> None:
 EAGER = profile("eager", exec_ms={1: 0.8, 2: 0.9, 4: 1.2, 8: 2.0}, pages=4)
 
 
-def queue_of_three_after(rate_per_ms: int, slo_ms: float = 100, **config: float) -> tuple[ClockworkScheduler, int]:
+def queue_of_three_after(
+    rate_per_ms: int, slo_ms: float = 100, beside: str | None = None, **config: float
+) -> tuple[ClockworkScheduler, int]:
     """A model asked ``rate_per_ms`` times a millisecond for 100 ms, served as it comes (its rate
-    remembered over 10 ms); then three requests reach its idle lane together."""
+    remembered over 10 ms); then three requests reach its idle lane together (with one of model
+    ``beside``, held there too, if given)."""
     spec = DeviceSpec(0, "v100", 100 * PAGE, PAGE)
-    policy = ClockworkScheduler({"eager": EAGER}, [spec], ClockworkConfig(rate_memory_ms=10, **config))  # type: ignore[arg-type]
-    now = 0
+    policy = ClockworkScheduler({"eager": EAGER, **PROFILES}, [spec], ClockworkConfig(rate_memory_ms=10, **config))  # type: ignore[arg-type]
+    now = 0 if beside is None else warm(policy, beside)
     for request_id in range(1, 100 * rate_per_ms + 1):
         policy.on_request(request(request_id, "eager", now), now)
         if request_id % rate_per_ms:
@@ -593,6 +596,8 @@ def queue_of_three_after(rate_per_ms: int, slo_ms: float = 100, **config: float)
     now = max(now, policy.residency.device(0).exec_lane.free_ns)
     for i in range(3):
         policy.on_request(request(i, "eager", now, slo_ms), now)
+    if beside is not None:
+        policy.on_request(request(9, beside, now, slo_ms=200), now)
     return policy, now
 
 
@@ -619,3 +624,6 @@ def test_a_batch_runs_at_once_when_waiting_does_not_pay() -> None:
     ]
     for policy, now in cases:
         assert [len(b.request_ids) for b in infers(policy.schedule(now))] == [3]
+    # Another model waiting on the lane: the lane does not idle for "eager", though it is hot.
+    policy, now = queue_of_three_after(rate_per_ms=2, beside="a")
+    assert [b.model for b in infers(policy.schedule(now))] == ["eager", "a"]

@@ -99,6 +99,8 @@ class BatchPlanner:
 
     def gather_until(self, device: DeviceState, choice: Choice, now_ns: int) -> int | None:
         """When to run ``choice``, if its lane should wait for one more request first (None: now).
+        The policy asks only when no other model waits on the device (the idle lane would delay
+        them too, and their deadlines are not weighed here).
 
         Only a batch that takes its model's whole queue and could hold one more: one more request
         saves the lane ``saved = least_work(n) + least_work(1) - least_work(n + 1)`` (a padded place

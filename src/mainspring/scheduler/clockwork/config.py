@@ -73,9 +73,9 @@ class ClockworkConfig:
     fewest recent arrivals (remembered over ``popularity_memory_ms``) first; off: the least recently
     used first, as Clockwork. Under skewed popularity LRU evicts a popular model after one gap in
     its arrivals and loads it again soon after (``docs/scheduler.md``, "Evictions").
-    ``gather_max_ms``: a free lane about to run a model's whole queue in a batch that could hold one
-    more request waits, up to this long, for that request, when its model's arrival rate on the
-    device expects at least one within the lane time the extra request would save (a padded place
+    ``gather_max_ms``: a free lane with one model waiting, about to run its whole queue in a batch
+    that could hold one more request, waits up to this long for that request, when the model's
+    arrival rate expects at least one within the lane time the extra request would save (a padded place
     filled for nothing, or one batch instead of two); never past what the head's deadline allows
     (None: never wait, as Clockwork). The wait pays in expectation only from that rate up
     (``docs/scheduler.md``, "Waiting for one more request")."""

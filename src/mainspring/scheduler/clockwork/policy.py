@@ -264,10 +264,11 @@ class ClockworkScheduler(PolicyBookkeeping):
             chosen = min(choices)
             if len(choices) > 1:
                 chosen = self.batches.trade_off(device, chosen, choices, now_ns)
-            gather_until = self.batches.gather_until(device, chosen, now_ns)
-            if gather_until is not None:
-                self._gather_until = min(self._gather_until, gather_until)
-                return
+            else:  # with others waiting, the lane's idle time would be theirs as well
+                gather_until = self.batches.gather_until(device, chosen, now_ns)
+                if gather_until is not None:
+                    self._gather_until = min(self._gather_until, gather_until)
+                    return
             self._issue_infer(device, chosen, now_ns, decisions)
 
     def _feasible_head(self, queue: ModelQueue, now_ns: int) -> Request | None:

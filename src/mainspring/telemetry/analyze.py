@@ -87,9 +87,14 @@ def runs(directory: Path) -> list[str]:
     return [run for run in found if (directory / f"{run}-actions.tsv").is_file()]
 
 
-def analyze(directory: Path, run: str) -> Analysis:
+def read_run(directory: Path, run: str) -> tuple[list[dict[str, str]], dict[int, dict[str, str]]]:
+    """A run's request log, and its action log by action id (rows as the TSV's text)."""
     requests = _rows(directory / f"{run}-requests.tsv")
-    actions = {int(a["action_id"]): a for a in _rows(directory / f"{run}-actions.tsv")}
+    return requests, {int(a["action_id"]): a for a in _rows(directory / f"{run}-actions.tsv")}
+
+
+def analyze(directory: Path, run: str) -> Analysis:
+    requests, actions = read_run(directory, run)
     loads: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
     holdings = Holdings()
     refused: collections.Counter[str] = collections.Counter()

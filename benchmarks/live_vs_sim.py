@@ -59,9 +59,7 @@ def measured_profiles(actions: dict[int, dict[str, str]], weights_bytes: int) ->
             device_kind=CPU_KIND,
             weights_bytes=weights_bytes,
             load_ns=round(statistics.median(loads.get(model) or all_loads)),
-            exec_ns={
-                s: round(statistics.median(runs_by[(model, s)])) if runs_by[(model, s)] else pooled[s] for s in pooled
-            },
+            exec_ns={s: round(statistics.median(runs_by.get((model, s)) or [pooled[s]])) for s in pooled},
         )
         for model in sorted(models)
     }

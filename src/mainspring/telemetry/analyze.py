@@ -196,7 +196,8 @@ class Holdings:
             return None
         for events in devices.values():
             since = bisect.bisect_right(events, (at_ns, True))  # events at or before ``at_ns``
-            if events[since - 1][1] if since else not events[0][1]:  # none yet: held before the log if first evicted
+            held = events[since - 1][1] if since else not events[0][1]  # none yet: held before the log if first evicted
+            if held:
                 return True
         return False
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 
 from mainspring.models.profile import builtin_profiles, model_copies
-from mainspring.scheduler.base import Scheduler
+from mainspring.protocol import ActionResult, Request
+from mainspring.scheduler.base import Decisions, Scheduler
 from mainspring.scheduler.registry import parse_policies
 from mainspring.scheduler.timed import TimedScheduler
 from mainspring.sim.run import SimulationConfig, simulate
@@ -26,34 +27,59 @@ from mainspring.time import s_to_ns
 from mainspring.workload import PoissonOpenLoop
 
 
+class _SplitAtWarmup:
+    """Passes the contract's calls on to the timed policy, noting its CPU time at the first call at
+    or after the warm-up's end (the simulator's progress hook comes once per simulated second only)."""
+
+    def __init__(self, timed: TimedScheduler, warm_ns: int) -> None:
+        self.timed = timed
+        self.warm_ns = warm_ns
+        self.warm_cpu_ns: int | None = None
+
+    def _note(self, now_ns: int) -> None:
+        if self.warm_cpu_ns is None and now_ns >= self.warm_ns:
+            self.warm_cpu_ns = self.timed.cpu_ns
+
+    def on_request(self, request: Request, now_ns: int) -> None:
+        self._note(now_ns)
+        self.timed.on_request(request, now_ns)
+
+    def on_result(self, result: ActionResult, now_ns: int) -> None:
+        self._note(now_ns)
+        self.timed.on_result(result, now_ns)
+
+    def schedule(self, now_ns: int) -> Decisions:
+        self._note(now_ns)
+        return self.timed.schedule(now_ns)
+
+    def __getattr__(self, name: str) -> object:  # membership calls and the like reach the policy
+        return getattr(self.timed, name)
+
+
 def measure(policy: str, devices: int, rate_per_device: float, warmup_s: float, duration_s: float) -> dict[str, float]:
     """Policy CPU per request during the warm-up and after it, goodput and busy share of the run."""
-    timed: list[TimedScheduler] = []
-    at_warm = {"cpu_ns": 0, "seen": 0}
+    warm_ns = s_to_ns(warmup_s)
+    timed: list[_SplitAtWarmup] = []
 
     def keep(scheduler: Scheduler) -> Scheduler:
         assert isinstance(scheduler, TimedScheduler)
-        timed.append(scheduler)
-        return scheduler
-
-    def progress(now_ns: int) -> None:
-        if not at_warm["seen"] and now_ns >= s_to_ns(warmup_s):
-            at_warm["cpu_ns"], at_warm["seen"] = timed[0].cpu_ns, 1
+        timed.append(_SplitAtWarmup(scheduler, warm_ns))
+        return timed[-1]
 
     models = model_copies(builtin_profiles(), 50 * devices)
     config = SimulationConfig(duration_ns=s_to_ns(duration_s), warmup_ns=s_to_ns(warmup_s), devices=devices, seed=3)
-    result = simulate(policy, models, PoissonOpenLoop(rate_per_device * devices), config, progress=progress, wrap=keep)
+    result = simulate(policy, models, PoissonOpenLoop(rate_per_device * devices), config, wrap=keep)
     report = result.recorder.requests
-    warm_ns = s_to_ns(warmup_s)
     warm_requests = sum(1 for r in report if r.arrival_ns < warm_ns)
     steady_requests = len(report) - warm_requests
-    total_cpu = timed[0].cpu_ns
-    steady_cpu = total_cpu - at_warm["cpu_ns"]
+    split = timed[0]
+    warm_cpu = split.timed.cpu_ns if split.warm_cpu_ns is None else split.warm_cpu_ns
+    steady_cpu = split.timed.cpu_ns - warm_cpu
     return {
         "offered": result.report.offered_rps,
         "goodput": result.report.goodput_rps,
         "busy": result.report.device_busy,
-        "warm_us": at_warm["cpu_ns"] / 1000 / max(warm_requests, 1),
+        "warm_us": warm_cpu / 1000 / max(warm_requests, 1),
         "steady_us": steady_cpu / 1000 / max(steady_requests, 1),
         "cpu_per_sim_s": steady_cpu / max(s_to_ns(duration_s), 1),
     }

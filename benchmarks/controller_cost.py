@@ -27,7 +27,7 @@ from mainspring.time import s_to_ns
 from mainspring.workload import PoissonOpenLoop
 
 
-class _SplitAtWarmup:
+class SplitAtWarmup:
     """Passes the contract's calls on to the timed policy, noting its CPU time at the first call at
     or after the warm-up's end (the simulator's progress hook comes once per simulated second only)."""
 
@@ -59,11 +59,11 @@ class _SplitAtWarmup:
 def measure(policy: str, devices: int, rate_per_device: float, warmup_s: float, duration_s: float) -> dict[str, float]:
     """Policy CPU per request during the warm-up and after it, goodput and busy share of the run."""
     warm_ns = s_to_ns(warmup_s)
-    timed: list[_SplitAtWarmup] = []
+    timed: list[SplitAtWarmup] = []
 
     def keep(scheduler: Scheduler) -> Scheduler:
         assert isinstance(scheduler, TimedScheduler)
-        timed.append(_SplitAtWarmup(scheduler, warm_ns))
+        timed.append(SplitAtWarmup(scheduler, warm_ns))
         return timed[-1]
 
     models = model_copies(builtin_profiles(), 50 * devices)

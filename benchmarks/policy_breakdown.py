@@ -84,7 +84,6 @@ class Breakdown:
         self._call("result", "on_result", now_ns, lambda: self.timed.on_result(result, now_ns))
 
     def schedule(self, now_ns: int) -> Decisions:
-        self._now = now_ns
         decisions: Decisions = self._call(self._kind, "pass", now_ns, lambda: self.timed.schedule(now_ns))
         self._kind = "wake-up"  # until the next arrival or result
         return decisions
@@ -95,17 +94,18 @@ class Breakdown:
 
 def breakdown(devices: int, rate_per_device: float, warmup_s: float, duration_s: float) -> tuple[Breakdown, int]:
     """The run's breakdown and the number of requests that arrived after the warm-up."""
+    warm_ns = s_to_ns(warmup_s)
     found: list[Breakdown] = []
 
     def wrap(scheduler: Scheduler) -> Scheduler:
         assert isinstance(scheduler, TimedScheduler)
-        found.append(Breakdown(scheduler, s_to_ns(warmup_s)))
+        found.append(Breakdown(scheduler, warm_ns))
         return found[0]
 
     models = model_copies(builtin_profiles(), 50 * devices)
-    config = SimulationConfig(duration_ns=s_to_ns(duration_s), warmup_ns=s_to_ns(warmup_s), devices=devices, seed=3)
+    config = SimulationConfig(duration_ns=s_to_ns(duration_s), warmup_ns=warm_ns, devices=devices, seed=3)
     result = simulate("clockwork", models, PoissonOpenLoop(rate_per_device * devices), config, wrap=wrap)
-    steady = sum(1 for r in result.recorder.requests if r.arrival_ns >= s_to_ns(warmup_s))
+    steady = sum(1 for r in result.recorder.requests if r.arrival_ns >= warm_ns)
     return found[0], steady
 
 

@@ -86,7 +86,8 @@ def main() -> None:
                 for side, src in sides.items():
                     m = run_side(src, devices, args.rate_per_device, args.warmup_s, args.duration_s)
                     expected = len(compiled) if side == "compiled" else 0
-                    assert m["compiled_modules"] == expected, f"the {side} side imported the wrong copy"
+                    if m["compiled_modules"] != expected:  # a check that must survive ``python -O``
+                        raise RuntimeError(f"the {side} side imported the wrong copy of the package")
                     runs[side].append(m)
                     print(f"{devices:>7} {side:>8} {m['goodput']:>11.1f} {m['steady_us']:>13.1f}", flush=True)
             same = {(m["offered"], m["goodput"]) for ms in runs.values() for m in ms}

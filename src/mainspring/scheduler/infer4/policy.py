@@ -20,6 +20,9 @@ Departures, each one a known defect of the source rather than a design choice
 (DESIGN.md section 4): a dropped request is answered when it is dropped, not at its
 deadline; devices and models may come and go; a model with work in flight is not
 evicted (the source may evict under a running batch, which fails it).
+Load priorities are worked out afresh at each load decision (``demand.py``). The source
+refreshes a model's priority only when the model itself changes, so its priorities lag the
+devices' weights (``docs/scheduler.md``).
 """
 
 from __future__ import annotations

@@ -50,6 +50,9 @@ class ScanningDue:
             d for d in self._policy.residency.devices if (d.waiting or not self._exec) and self._free(d) <= limit_ns
         ]
 
+    def any_due(self, limit_ns: int) -> bool:
+        return bool(self.due(limit_ns))
+
     def next_after(self, after_ns: int, counts: object) -> int:
         found = [
             self._free(d)

@@ -52,6 +52,22 @@ class DueDevices:
                 found.append(device)
         return found
 
+    def any_due(self, limit_ns: int) -> bool:
+        """Whether ``due(limit_ns)`` would find a device, without listing them: while most lanes are
+        idle every device is due, and the load planner, which asks on every pass, mostly has
+        nothing to load (listing them made a pass cost grow with the number of devices)."""
+        lane, wanted = self._lane, self._wanted
+        for device in self._due.values():
+            if not device.removed and wanted(device) and lane(device).free_ns <= limit_ns:
+                return True
+        heap = self._heap
+        while heap and heap[0][0] <= limit_ns:
+            free_ns, order, device = heapq.heappop(heap)
+            if self._valid(free_ns, device):
+                self._due[order] = device  # as ``due`` keeps it
+                return True
+        return False
+
     def next_after(self, after_ns: int, counts: Callable[[DeviceState], bool]) -> int:
         """The earliest free time after ``after_ns`` of a wanted device that ``counts`` (NEVER if none)."""
         heap, due = self._heap, self._due

@@ -90,12 +90,13 @@ class LoadPlanner:
     def plan(self, now_ns: int, decisions: Decisions, issue: LoadIssuer) -> None:
         """On every device whose load lane frees within the horizon, load the model most in need."""
         limit = now_ns + self.config.horizon_ns
-        free = self._residency.load_due.due(limit)
-        if not free:
+        due = self._residency.load_due
+        if not due.any_due(limit):
             return
-        tiers, device_load = self._candidates(now_ns, free)
+        tiers, device_load = self._candidates(now_ns, lambda: due.due(limit))
         if not any(entries for _, entries in tiers):
-            return
+            return  # the common pass: nothing to load, and the free devices never listed
+        free = due.due(limit)
         free.sort(key=lambda d: d.load_lane.free_ns)
         issued: dict[Tier, set[str]] = {}  # per tier, the models loaded this pass (a model may stand in two tiers)
         for device in free:
@@ -131,9 +132,9 @@ class LoadPlanner:
                 issued.setdefault(tier, set()).add(model)
                 return
 
-    def _candidates(self, now_ns: int, free: list[DeviceState]) -> tuple[Tiers, dict[int, float]]:
-        """Every model worth loading on the ``free`` devices, tier by tier in load order, and the demand
-        on each device (for replicas)."""
+    def _candidates(self, now_ns: int, free: Callable[[], list[DeviceState]]) -> tuple[Tiers, dict[int, float]]:
+        """Every model worth loading on the devices ``free`` lists, tier by tier in load order, and the
+        demand on each device (for replicas; only then are the devices listed)."""
         tiers = self._urgent()
         kind = self._residency.kinds[0]
         turned_away = sorted((-int(1e9 * self._admission.model_demand(m, now_ns, kind)), m) for m in self.turned_away)
@@ -143,7 +144,7 @@ class LoadPlanner:
             return tiers, device_load  # a replica needs a second device: no demand to weigh
         if now_ns - self._last_replication_check_ns >= ms_to_ns(self.config.replication_check_ms):
             self._last_replication_check_ns = now_ns
-            if not self._replica_room(free, now_ns):
+            if not self._replica_room(free(), now_ns):
                 return tiers, device_load
             priorities, device_load = self.load_priorities(now_ns)
             threshold = self.config.replica_min_demand

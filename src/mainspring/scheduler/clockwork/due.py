@@ -56,15 +56,23 @@ class DueDevices:
         """Whether ``due(limit_ns)`` would find a device, without listing them: while most lanes are
         idle every device is due, and the load planner, which asks on every pass, mostly has
         nothing to load (listing them made a pass cost grow with the number of devices)."""
-        lane, wanted = self._lane, self._wanted
-        for device in self._due.values():
+        lane, wanted, due = self._lane, self._wanted, self._due
+        gone = []  # pruned as ``due`` prunes them: otherwise each call would walk them again
+        found = False
+        for order, device in due.items():
             if not device.removed and wanted(device) and lane(device).free_ns <= limit_ns:
-                return True
+                found = True
+                break
+            gone.append(order)
+        for order in gone:
+            del due[order]
+        if found:
+            return True
         heap = self._heap
         while heap and heap[0][0] <= limit_ns:
             free_ns, order, device = heapq.heappop(heap)
             if self._valid(free_ns, device):
-                self._due[order] = device  # as ``due`` keeps it
+                due[order] = device  # as ``due`` keeps it
                 return True
         return False
 

@@ -9,13 +9,9 @@ from hypothesis import strategies as st
 
 from mainspring.protocol import DeviceSpec
 from mainspring.scheduler.clockwork.due import DueDevices, always
-from mainspring.scheduler.clockwork.tracker import DeviceState, LaneTracker
+from mainspring.scheduler.clockwork.residency import _load_lane
+from mainspring.scheduler.clockwork.tracker import DeviceState
 from tests.fakes import PAGE
-
-
-def _load_lane(device: DeviceState) -> LaneTracker:
-    return device.load_lane
-
 
 # each step: (device, start of an action planned on its load lane or -1 to complete its oldest,
 # its expected duration, how far the limit asked about moves on (time only moves forward, and

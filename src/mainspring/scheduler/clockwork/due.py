@@ -36,6 +36,11 @@ class DueDevices:
     def _valid(self, free_ns: int, device: DeviceState) -> bool:
         return not device.removed and self._lane(device).free_ns == free_ns and self._wanted(device)
 
+    def _still_due(self, device: DeviceState, limit_ns: int) -> bool:
+        """Is a device kept in ``_due`` still due by ``limit_ns``? If not, its lane moved away (a newer
+        entry waits in the heap) or it no longer wants planning, and it leaves ``_due``."""
+        return not device.removed and self._wanted(device) and self._lane(device).free_ns <= limit_ns
+
     def due(self, limit_ns: int) -> list[DeviceState]:
         """Devices that want planning and whose lane frees by ``limit_ns``, in device order."""
         heap, due = self._heap, self._due
@@ -46,21 +51,21 @@ class DueDevices:
         found = []
         for order in sorted(due):
             device = due[order]
-            if device.removed or not self._wanted(device) or self._lane(device).free_ns > limit_ns:
-                del due[order]  # moved away (a newer entry waits in the heap) or no longer wanted
-            else:
+            if self._still_due(device, limit_ns):
                 found.append(device)
+            else:
+                del due[order]
         return found
 
     def any_due(self, limit_ns: int) -> bool:
         """Whether ``due(limit_ns)`` would find a device, without listing them: while most lanes are
         idle every device is due, and the load planner, which asks on every pass, mostly has
         nothing to load (listing them made a pass cost grow with the number of devices)."""
-        lane, wanted, due = self._lane, self._wanted, self._due
+        due = self._due
         gone = []  # pruned as ``due`` prunes them: otherwise each call would walk them again
         found = False
         for order, device in due.items():
-            if not device.removed and wanted(device) and lane(device).free_ns <= limit_ns:
+            if self._still_due(device, limit_ns):
                 found = True
                 break
             gone.append(order)

@@ -126,6 +126,8 @@ def test_a_request_that_cannot_meet_its_slo_is_rejected_at_once(
     with pytest.raises(InferenceServerException) as rejected_grpc:
         grpc.infer("mlp", [g_tensor], parameters={"slo_ms": 0.01})
     assert "UNAVAILABLE" in str(rejected_grpc.value.status())
+    served = grpc.infer("mlp", [g_tensor], timeout=0)  # Triton's "no timeout": the default SLO, not a 400
+    assert served.as_numpy("logits").shape == (1, 10)
 
 
 def post(server: ServerProcess, path: str, document: object) -> tuple[int, str]:
@@ -149,7 +151,15 @@ MLP_INPUT = {"name": "input", "datatype": "FP32", "shape": [1, 256], "data": [0.
         ({"inputs": []}, "inputs must be a non-empty list"),
         ({"inputs": [MLP_INPUT], "outputs": [{"name": "nope"}]}, "unknown output 'nope'"),
         ({"inputs": [MLP_INPUT], "parameters": {"slo_ms": -3}}, "parameter 'slo_ms' must be a positive number"),
+        # deadlines travel to the worker as 64-bit integers: one this far off once dropped the worker
+        ({"inputs": [MLP_INPUT], "parameters": {"slo_ms": 1e300}}, "parameter 'slo_ms' must be at most 86400000"),
+        ({"inputs": [MLP_INPUT], "parameters": {"timeout": 2**70}}, "parameter 'timeout' must be at most 86400000000"),
         ({"inputs": [{**MLP_INPUT, "datatype": "BYTES"}]}, "unsupported datatype 'BYTES'"),
+        (
+            {"inputs": [MLP_INPUT], "outputs": [{"name": "logits", "parameters": {"binary_data": "false"}}]},
+            "output 'logits' parameters: binary_data must be true or false, got 'false'",
+        ),
+        ({"inputs": [MLP_INPUT], "parameters": {"binary_data_output": 1}}, "binary_data_output must be true or false"),
     ],
 )
 def test_bad_requests_get_400_naming_the_problem(server: ServerProcess, document: object, fragment: str) -> None:

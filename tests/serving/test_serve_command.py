@@ -68,6 +68,7 @@ def test_bad_clockwork_settings_name_the_setting_and_where(env: dict[str, str], 
         ({"MAINSPRING_PIN_CPU_WORKERS": "maybe"}, "pin_cpu_workers='maybe' is not a bool"),
         ({"MAINSPRING_MAX_LOOP_LAG_MS": "-5"}, "max_loop_lag_ms=-5.0 must not be negative"),
         ({"MAINSPRING_EVENT_LOOP": "trio"}, "event_loop='trio' must be 'asyncio' or 'uvloop'"),
+        ({"MAINSPRING_SLO_MS": "1e12"}, "slo_ms=1000000000000.0 must be positive and at most 86400000 (one day)"),
     ],
 )
 def test_bad_settings_name_the_setting(env: dict[str, str], message: str) -> None:

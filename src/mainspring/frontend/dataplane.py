@@ -22,7 +22,7 @@ from mainspring.frontend.errors import InferenceError
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.port import ControllerPort
 from mainspring.models.repository import ModelLoadError, ModelRepository
-from mainspring.protocol import Outcome
+from mainspring.protocol import MAX_SLO_MS, Outcome
 from mainspring.protocol.tensors import DATATYPES, shape_matches
 from mainspring.time import NS_PER_MS, NS_PER_US
 
@@ -251,9 +251,15 @@ class DataPlane:
         for key, unit in (("slo_ms", NS_PER_MS), ("timeout", NS_PER_US)):
             if key in parameters:
                 value = parameters[key]
+                if key == "timeout" and value == 0 and not isinstance(value, bool):
+                    break  # Triton's "no timeout": the model's own SLO
                 if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or math.isinf(value):
                     raise InferenceError(400, f"parameter {key!r} must be a positive number, got {value!r}")
-                return round(value * unit)
+                slo_ns = round(value * unit)
+                if slo_ns > MAX_SLO_MS * NS_PER_MS:
+                    most = MAX_SLO_MS * NS_PER_MS // unit
+                    raise InferenceError(400, f"parameter {key!r} must be at most {most} (one day), got {value!r}")
+                return slo_ns
         if served.config.slo_ms is not None:
             return round(served.config.slo_ms * NS_PER_MS)
         return self.service.default_slo_ns

@@ -141,9 +141,9 @@ async def infer(request: web.Request) -> web.Response:
     parameters = _dict(document.get("parameters", {}), "parameters")
     inputs = _inputs(document.get("inputs"), binary, limits)
     requested = _requested_outputs(document.get("outputs"), limits)
+    binary_all = _flag(parameters, "binary_data_output", "parameters")
     model = request.match_info["model"]
     served, outputs = await _plane(request).infer(model, _version(request), inputs, list(requested) or None, parameters)
-    binary_all = bool(parameters.get("binary_data_output", False))
     reply: dict[str, Any] = {"model_name": model, "model_version": str(served.version), "outputs": []}
     if "id" in document:
         reply["id"] = document["id"]
@@ -180,6 +180,14 @@ def _split_body(request: web.Request, body: bytes) -> tuple[bytes, bytes]:
 def _dict(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InferenceError(400, f"{field} must be a JSON object")
+    return value
+
+
+def _flag(parameters: dict[str, Any], key: str, where: str) -> bool:
+    """A true/false parameter; a string such as "false" is refused, not read as true."""
+    value = parameters.get(key, False)
+    if not isinstance(value, bool):
+        raise InferenceError(400, f"{where}: {key} must be true or false, got {value!r}")
     return value
 
 
@@ -226,7 +234,7 @@ def _requested_outputs(value: Any, limits: RequestLimits) -> dict[str, bool]:
         if not isinstance(name, str):
             raise InferenceError(400, f"outputs[{index}].name must be a string")
         parameters = _dict(entry.get("parameters", {}), f"output {name!r} parameters")
-        requested[name] = bool(parameters.get("binary_data", False))
+        requested[name] = _flag(parameters, "binary_data", f"output {name!r} parameters")
     return requested
 
 

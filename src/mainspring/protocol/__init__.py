@@ -2,11 +2,12 @@
 
 from mainspring.protocol.actions import Action, EvictWeights, Infer, LoadWeights, action_kind
 from mainspring.protocol.devices import CPU_KIND, DeviceSpec
-from mainspring.protocol.requests import Outcome, Request, Response, ResponseStatus
+from mainspring.protocol.requests import MAX_SLO_MS, Outcome, Request, Response, ResponseStatus
 from mainspring.protocol.results import ActionResult, ActionStatus, Timing
 
 __all__ = [
     "CPU_KIND",
+    "MAX_SLO_MS",
     "Action",
     "ActionResult",
     "ActionStatus",

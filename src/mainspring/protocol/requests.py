@@ -5,6 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+# The longest SLO a request or model may ask for. Deadlines travel to workers as 64-bit integers
+# (``msgspec``), and a day is beyond any inference SLO: a longer one is a mistake, not an SLO.
+MAX_SLO_MS = 24 * 3600 * 1000
+
 
 @dataclass(frozen=True, slots=True)
 class Request:

@@ -188,6 +188,12 @@ def test_malformed_json_unknown_models_and_paths(server: ServerProcess, grpc: gr
     with pytest.raises(InferenceServerException) as invalid:
         grpc.infer("mlp", [wrong])
     assert "INVALID_ARGUMENT" in str(invalid.value.status()) and "[1, 100]" in invalid.value.message()
+    header = json.dumps({"inputs": [{**{k: v for k, v in MLP_INPUT.items() if k != "data"},
+                                     "parameters": {"binary_data_size": 1024}}]}).encode()  # fmt: skip
+    for length, fragment in ((-5, "must not be negative"), (99_999, "exceeds the body"), ("abc", "an integer")):
+        headers = {"Inference-Header-Content-Length": str(length), "Content-Type": "application/octet-stream"}
+        status, body = http_call(f"http://{server.http}/v2/models/mlp/infer", header + bytes(1024), headers)
+        assert status == 400 and fragment in json.loads(body)["error"], (length, body)
     assert http_call(f"http://{server.http}/v2/health/live")[0] == 200  # still up
 
 

@@ -172,7 +172,9 @@ def _split_body(request: web.Request, body: bytes) -> tuple[bytes, bytes]:
         size = int(length)
     except ValueError:
         raise InferenceError(400, f"{HEADER_LENGTH} must be an integer, got {length!r}") from None
-    if not 0 <= size <= len(body):
+    if size < 0:
+        raise InferenceError(400, f"{HEADER_LENGTH} must not be negative, got {size}")
+    if size > len(body):
         raise InferenceError(400, f"{HEADER_LENGTH} {size} exceeds the body of {len(body)} bytes")
     return body[:size], body[size:]
 

@@ -3,10 +3,23 @@
 import pytest
 
 from mainspring.controller import Controller
-from mainspring.protocol import ActionResult, ActionStatus, Infer, Outcome, Request, Response, ResponseStatus, Timing
+from mainspring.protocol import (
+    Action,
+    ActionResult,
+    ActionStatus,
+    DeviceSpec,
+    Infer,
+    LoadWeights,
+    Outcome,
+    Request,
+    Response,
+    ResponseStatus,
+    Timing,
+)
 from mainspring.scheduler.base import Decisions
-from mainspring.time import ManualClock
-from tests.fakes import ActionInbox, ScriptedScheduler
+from mainspring.scheduler.clockwork import ClockworkScheduler
+from mainspring.time import NS_PER_MS, ManualClock
+from tests.fakes import PAGE, ActionInbox, ScriptedScheduler, profile, request
 
 
 class Answers:
@@ -82,3 +95,45 @@ def test_shutdown_answers_everything_outstanding_with_an_error() -> None:
     assert sorted(a[0] for a in answers.got) == [0, 1, 2]
     assert {a[1] for a in answers.got} == {ResponseStatus.ERROR}
     assert controller.outstanding == 0
+
+
+class CannotCarry(ActionInbox):
+    """A link that fails to send the actions of one kind, as an encoder can (an overflowing field)."""
+
+    def __init__(self, kind: type[Action]) -> None:
+        super().__init__()
+        self._kind = kind
+
+    def submit(self, action: Action) -> None:
+        if isinstance(action, self._kind):
+            raise OverflowError("int too big to convert")
+        super().submit(action)
+
+
+def test_an_action_its_link_cannot_send_fails_alone_and_the_rest_of_the_pass_goes_out() -> None:
+    clock, policy, _, answers, _, _ = setup()
+    inboxes = {0: CannotCarry(Infer), 1: ActionInbox()}
+    controller = Controller(policy, clock, inboxes, answers)
+    for i in (1, 2, 3):
+        controller.submit(Request(i, "m", 1_000, 5_000, 4_000))
+    unsendable, fine = Infer(7, 0, "m", 1_000, 2_000, 50, (1,), 1), Infer(8, 1, "m", 1_000, 2_000, 50, (2,), 1)
+    policy.next = Decisions(actions=[unsendable, fine], responses=[Response(3, Outcome.OVERLOADED)])
+    controller.wake()
+    assert inboxes[1].actions == [fine]
+    assert [a[0] for a in answers.got] == [3]
+    (failed,) = policy.results  # told as a failed action, so the policy answers request 1
+    assert failed.action_id == 7 and failed.status is ActionStatus.ERROR
+    assert "could not send" in failed.message and "int too big" in failed.message
+    controller.deliver(ActionResult(8, 1, ActionStatus.OK, Timing(1_000, 1_050), outputs=["out-2"]))  # still known
+
+
+def test_with_the_clockwork_policy_a_request_whose_load_cannot_be_sent_is_answered_with_an_error() -> None:
+    clock = ManualClock(0)
+    policy = ClockworkScheduler({"a": profile("a")}, [DeviceSpec(0, "v100", 100 * PAGE, PAGE)])
+    answers = Answers()
+    controller = Controller(policy, clock, {0: CannotCarry(LoadWeights)}, answers)
+    controller.submit(request(1, "a", 0))
+    assert answers.got == [(1, ResponseStatus.ERROR, None)] and controller.outstanding == 0
+    clock.advance(1 * NS_PER_MS)
+    controller.submit(request(2, "a", clock.now_ns()))  # the controller goes on serving
+    assert [a[0] for a in answers.got] == [1, 2]

@@ -7,12 +7,15 @@ emulated devices, the live server a wall clock and network links.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol, cast
 
-from mainspring.protocol import Action, ActionResult, Infer, Outcome, Request, Response
+from mainspring.protocol import Action, ActionResult, ActionStatus, Infer, Outcome, Request, Response
 from mainspring.scheduler.base import Membership, Scheduler
 from mainspring.time import Clock
+
+log = logging.getLogger(__name__)
 
 
 class WorkerLink(Protocol):
@@ -184,16 +187,17 @@ class Controller:
 
     def _pump(self, now: int) -> None:
         decisions = self._scheduler.schedule(now)
+        unsent: list[ActionResult] = []
         for action in decisions.actions:
             self._in_flight[action.action_id] = action
             if self._observer is not None:
                 self._observer.on_action(action, now)
-            link = self._workers[action.device]
-            if self._send_inputs and isinstance(action, Infer):
-                inputs = [self._requests[r].inputs for r in action.request_ids]
-                cast("InputLink", link).submit(action, inputs)
-            else:
-                link.submit(action)
+            try:
+                self._send(action)
+            except Exception as error:  # one action its link cannot carry must not lose the rest of the pass
+                log.exception("could not send action %d to device %d", action.action_id, action.device)
+                message = f"the controller could not send the action to its worker: {error!r}"
+                unsent.append(ActionResult(action.action_id, action.device, ActionStatus.ERROR, message=message))
         for response in decisions.responses:
             self._respond(response, now)
         wakeup = decisions.wakeup_ns
@@ -202,6 +206,16 @@ class Controller:
             if self._pending_wakeup_ns is None or wakeup < self._pending_wakeup_ns:
                 self._pending_wakeup_ns = wakeup
                 self._request_wakeup(wakeup)
+        for result in unsent:  # the policy hears of it as of any failed action, and answers its requests
+            self.deliver(result)
+
+    def _send(self, action: Action) -> None:
+        link = self._workers[action.device]
+        if self._send_inputs and isinstance(action, Infer):
+            inputs = [self._requests[r].inputs for r in action.request_ids]
+            cast("InputLink", link).submit(action, inputs)
+        else:
+            link.submit(action)
 
     def _respond(self, response: Response, now: int) -> None:
         request = self._requests.pop(response.request_id, None)

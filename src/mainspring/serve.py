@@ -40,6 +40,7 @@ from mainspring.frontend.remote import TOKEN_ENV, FrontendSpec
 from mainspring.models.repository import ModelRepository
 from mainspring.ray_cluster import RayPlacer, RayWorkers
 from mainspring.serve_config import LOOPBACK, ServeConfig, ensure_repository
+from mainspring.transport.ports import check_port_free
 from mainspring.transport.security import SECRET_ENV
 from mainspring.transport.zmq_hub import WorkerHub
 
@@ -94,9 +95,12 @@ class Server:
         self._channel_dir: tempfile.TemporaryDirectory[str] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._ready = False
 
     async def start(self) -> None:
         config = self.config
+        if config.workers == "local" and not config.ray:
+            self._check_devices()
         self.repo = await asyncio.to_thread(ensure_repository, config) if config.workers == "local" else (
             ModelRepository(config.repo_path) if config.repo_path.is_dir() else None
         )  # fmt: skip
@@ -114,10 +118,13 @@ class Server:
         self._runner = web.AppRunner(make_app(plane), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         shared = config.frontend_count > 1  # ports shared with the frontend processes (SO_REUSEPORT)
+        if shared:  # sharing must not extend to another server already on the ports
+            for port, what in ((config.http_port, "HTTP"), (config.grpc_port, "gRPC")):
+                check_port_free(config.host, port, what)
         await web.TCPSite(self._runner, config.host, config.http_port, reuse_port=shared or None).start()
         from mainspring.frontend.grpc import start_grpc
 
-        self._grpc = await start_grpc(plane, f"{config.host}:{config.grpc_port}")
+        self._grpc = await start_grpc(plane, f"{config.host}:{config.grpc_port}", share_port=shared)
         log.info("HTTP on http://%s:%d, gRPC on %s:%d, workers connect to %s",
                  config.host, config.http_port, config.host, config.grpc_port, self.hub.endpoint)  # fmt: skip
         if shared:
@@ -129,6 +136,16 @@ class Server:
             await self._wait_for_workers(len(self._local))
         if self._local or self._frontends:
             self._supervisor = asyncio.create_task(self._supervise())
+        self._ready = not self._stop.is_set()  # else a stop came while the workers loaded
+
+    def _check_devices(self) -> None:
+        from mainspring.worker.torch_worker import torch_device
+
+        for device in self.config.device_list():
+            try:
+                torch_device(device)
+            except ValueError as error:
+                raise RuntimeError(f"cannot serve on {device!r}: {error}") from None
 
     def _start_local_workers(self) -> None:
         assert self.repo is not None
@@ -227,6 +244,9 @@ class Server:
     async def _wait_for_workers(self, count: int) -> None:
         deadline = asyncio.get_running_loop().time() + self.config.join_timeout_s
         while len(self.service.workers) < count:
+            if self._stop.is_set():  # Ctrl-C while the workers load (it reaches them too): stop, not fail
+                log.info("stop requested during start-up")
+                return
             if any(w.process.poll() is not None for w in self._local):
                 raise RuntimeError("a local worker process exited during start-up (see its log above)")
             if asyncio.get_running_loop().time() > deadline:
@@ -245,7 +265,11 @@ class Server:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop)
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()  # what started goes down in order (the gRPC server must not outlive the loop)
+            raise
         await self._stop.wait()
         await self.stop()
 
@@ -279,6 +303,8 @@ class Server:
             await asyncio.to_thread(self._ray.stop)
         await self.hub.close()
         for process in (w.process for w in self._local):
+            if not self._ready:  # still loading models (a SIGTERM waits for that): nothing of theirs to finish
+                process.kill()
             try:
                 await asyncio.to_thread(process.wait, 10)
             except subprocess.TimeoutExpired:

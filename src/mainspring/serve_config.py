@@ -16,6 +16,7 @@ from mainspring.controller.service import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.frontend.limits import RequestLimits
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol import MAX_SLO_MS
+from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB
 from mainspring.scheduler.clockwork.config import NOT_A_POLICY_SETTING, ClockworkConfig
 from mainspring.scheduler.registry import DEFAULT_POLICY, SETTABLE, clockwork_config, policy_names
 from mainspring.settings import dataclass_values, key_values
@@ -95,6 +96,13 @@ class ServeConfig:
             problems.append("ray places the workers itself: leave workers at 'local'")
         if self.frontends < 0:
             problems.append(f"frontends={self.frontends} must not be negative (0: sized to the machine)")
+        if self.pool_mib and self.pool_mib * MIB < DEFAULT_PAGE_BYTES:
+            problems.append(
+                f"pool_mib={self.pool_mib} must hold at least one {DEFAULT_PAGE_BYTES // MIB} MiB page "
+                "(0: the runtime's default)"
+            )
+        if self.devices and not self.device_list():
+            problems.append(f"devices={self.devices!r} names no device")
         if self.max_restarts_per_minute < 0:
             problems.append(f"max_restarts_per_minute={self.max_restarts_per_minute} must not be negative")
         if self.clockwork and self.policy not in SETTABLE:
@@ -112,7 +120,6 @@ class ServeConfig:
         except ValueError as error:
             problems.append(str(error))
         for positive in (
-            "slo_ms",
             "heartbeat_s",
             "worker_timeout_s",
             "join_timeout_s",

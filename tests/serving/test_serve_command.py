@@ -69,6 +69,9 @@ def test_bad_clockwork_settings_name_the_setting_and_where(env: dict[str, str], 
         ({"MAINSPRING_MAX_LOOP_LAG_MS": "-5"}, "max_loop_lag_ms=-5.0 must not be negative"),
         ({"MAINSPRING_EVENT_LOOP": "trio"}, "event_loop='trio' must be 'asyncio' or 'uvloop'"),
         ({"MAINSPRING_SLO_MS": "1e12"}, "slo_ms=1000000000000.0 must be positive and at most 86400000 (one day)"),
+        ({"MAINSPRING_POOL_MIB": "-1"}, "pool_mib=-1 must hold at least one 16 MiB page (0: the runtime's default)"),
+        ({"MAINSPRING_POOL_MIB": "8"}, "pool_mib=8 must hold at least one 16 MiB page"),
+        ({"MAINSPRING_DEVICES": " , "}, "devices=' , ' names no device"),
     ],
 )
 def test_bad_settings_name_the_setting(env: dict[str, str], message: str) -> None:
@@ -138,3 +141,92 @@ def test_the_uvloop_event_loop_serves_when_chosen(small_zoo: ModelRepository, tm
         assert "event loop: uvloop" in (tmp_path / "server.log").read_text()
     finally:
         assert server.stop() == 0, (tmp_path / "server.log").read_text()
+
+
+def _workers_of(pid: int) -> list[str]:
+    """The worker processes still alive that ``pid`` started (they carry ``--parent-pid PID``)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if b"--parent-pid" in command and command[command.index(b"--parent-pid") + 1] == str(pid).encode():
+            alive.append(entry.name)
+    return alive
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [("bogus", "device 'bogus' is not a device name (cpu, cuda or cuda:N)"), ("cuda:7", "is not on this machine")],
+)
+def test_a_device_that_cannot_be_served_stops_the_start_with_its_reason(
+    small_zoo: ModelRepository, tmp_path: Path, device: str, message: str
+) -> None:
+    from tests.serving.processes import ServerProcess
+
+    server = ServerProcess(small_zoo.root, tmp_path / "server.log", "--devices", device)
+    server.process.wait(60)
+    assert server.stop() == 1
+    text = (tmp_path / "server.log").read_text()
+    assert f"cannot serve on {device!r}: " in text and message in text, text
+    assert "Traceback" not in text and "never awaited" not in text, text
+
+
+def test_a_stop_while_the_workers_load_ends_the_server_at_once_and_cleanly(
+    small_zoo: ModelRepository, tmp_path: Path
+) -> None:
+    from tests.serving.processes import ServerProcess
+
+    log = tmp_path / "server.log"
+    server = ServerProcess(small_zoo.root, log)
+    try:
+        for _ in range(600):  # the ports are up and the worker is starting (loading takes seconds)
+            if "HTTP on" in log.read_text() or server.process.poll() is not None:
+                break
+            threading.Event().wait(0.05)
+        server.process.send_signal(signal.SIGTERM)  # to the server alone: its worker is told nothing
+        server.process.wait(20)
+    finally:
+        assert server.stop() == 0, log.read_text()
+    text = log.read_text()
+    assert "stop requested during start-up" in text and "stopped" in text, text
+    assert "Traceback" not in text and "never awaited" not in text, text
+    assert _workers_of(server.process.pid) == []
+
+
+@pytest.mark.parametrize(
+    ("taken", "frontends", "message"),
+    [
+        ("grpc", "1", "cannot listen for gRPC on 127.0.0.1:{port}"),
+        ("grpc", "2", "cannot listen for gRPC on 127.0.0.1:{port}: Address already in use"),
+        ("http", "2", "cannot listen for HTTP on 127.0.0.1:{port}: Address already in use"),
+        ("worker", "1", "cannot listen for workers on tcp://127.0.0.1:{port}: Address already in use"),
+    ],
+)
+def test_a_port_in_use_stops_the_start_even_where_its_holder_shares_ports(
+    small_zoo: ModelRepository, tmp_path: Path, taken: str, frontends: str, message: str
+) -> None:
+    """gRPC and the shared frontends bind with SO_REUSEPORT: a second server must not quietly split the
+    calls with whatever holds the port (here a listener that shares, as another Mainspring would)."""
+    import socket
+
+    from tests.serving.processes import ServerProcess
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    port_flag = {"grpc": "--grpc-port", "http": "--http-port", "worker": "--worker-port"}[taken]
+    try:
+        server = ServerProcess(small_zoo.root, tmp_path / "server.log", "--frontends", frontends, port_flag, str(port))
+        try:
+            server.process.wait(60)
+        finally:
+            returncode = server.stop()
+    finally:
+        holder.close()
+    text = (tmp_path / "server.log").read_text()
+    assert returncode == 1 and message.format(port=port) in text, text
+    assert "Traceback" not in text, text

@@ -201,17 +201,24 @@ class _Authorize(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return grpc.unary_unary_rpc_method_handler(refuse)
 
 
-async def start_grpc(plane: DataPlane, address: str) -> grpc.aio.Server:
-    """Serve on ``address`` (``host:port``); returns the started server."""
+async def start_grpc(plane: DataPlane, address: str, share_port: bool = False) -> grpc.aio.Server:
+    """Serve on ``address`` (``host:port``); returns the started server. ``share_port``: with other
+    frontend processes (SO_REUSEPORT, which gRPC sets unless told not to: a second server on a port in
+    use would otherwise start and take half its calls)."""
     limits = plane.limits
     interceptors = [_Authorize(plane.access)] if plane.access.enabled else []
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", limits.max_body_bytes),  # past it: RESOURCE_EXHAUSTED
         ("grpc.max_send_message_length", 256 * 1024 * 1024),
         ("grpc.max_metadata_size", limits.max_header_bytes),
+        ("grpc.so_reuseport", int(share_port)),
     ])  # fmt: skip
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot listen for gRPC on {address}")
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio's "Failed to bind to address"
+        bound = 0
+    if bound == 0:
+        raise OSError(f"cannot listen for gRPC on {address} (is the port in use?)")
     await server.start()
     return server

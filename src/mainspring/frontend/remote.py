@@ -196,7 +196,7 @@ async def run_frontend(spec: FrontendSpec) -> None:
     runner = web.AppRunner(make_app(plane), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     await web.TCPSite(runner, spec.host, spec.http_port, reuse_port=True).start()
-    grpc_server = await start_grpc(plane, f"{spec.host}:{spec.grpc_port}")
+    grpc_server = await start_grpc(plane, f"{spec.host}:{spec.grpc_port}", share_port=True)
     log.info("frontend %s (pid %d) serving HTTP on %s:%d and gRPC on %s:%d", spec.name, os.getpid(),
              spec.host, spec.http_port, spec.host, spec.grpc_port)  # fmt: skip
     stop = asyncio.Event()

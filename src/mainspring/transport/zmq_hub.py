@@ -108,7 +108,10 @@ class WorkerHub:
     async def start(self) -> None:
         if self._secret:  # the authenticator runs on this loop, so it starts here and not in __init__
             self._authenticator = secure_controller(self._context, self._socket, self._secret)
-        self._socket.bind(self.address)
+        try:
+            self._socket.bind(self.address)
+        except zmq.ZMQError as error:
+            raise OSError(f"cannot listen for workers on {self.address}: {error.strerror}") from None
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._heartbeat())]
         log.info("waiting for workers on %s", self.endpoint)
 

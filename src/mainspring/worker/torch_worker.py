@@ -38,6 +38,21 @@ def device_kind(device: torch.device) -> str:
     return torch.cuda.get_device_name(device).lower().replace(" ", "-")
 
 
+def torch_device(name: str) -> torch.device:
+    """``name`` as a device of this machine that a worker can serve, or a ValueError saying why not."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device {name!r} is not a device name (cpu, cuda or cuda:N)") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if (device.index or 0) >= count:
+            raise ValueError(f"device {name!r} is not on this machine, which has {count} CUDA device(s)")
+    elif device.type != "cpu":
+        raise ValueError(f"device {name!r}: a worker serves cpu and cuda devices")
+    return device
+
+
 def default_pool_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory // 2
@@ -69,7 +84,7 @@ class TorchWorker:
         self._clock = clock or WallClock()
         self._devices: list[TorchDevice] = []
         for index, name in enumerate(devices):
-            target = torch.device(name)
+            target = torch_device(name)
             pool = pool_bytes if pool_bytes is not None else default_pool_bytes(target)
             spec = DeviceSpec(index, device_kind(target), pool, page_bytes)
             self._devices.append(TorchDevice(spec, target, self._clock, on_result, self.settings))

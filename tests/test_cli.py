@@ -59,6 +59,12 @@ def test_simulate_writes_table_json_plots_and_logs(tmp_path: Path, capsys: pytes
         (["--clockwork", "estimate_percentile=120"], "estimate_percentile=120.0 must lie in (0, 100]"),
         (["--clockwork", "deadline_margin_ms=3"], "'deadline_margin_ms' is not set here"),
         (["--policy", "triton", "--clockwork", "lookahead=off"], "apply to policy clockwork, which --policy triton"),
+        (["--slo-ms", "1e300"], "--slo-ms must be positive and at most 86400000 (one day), got 1e+300"),
+        (["--device-memory-gib", "0.001"], "--device-memory-gib 0.001 holds no page of --page-mib 16"),
+        # told before the run, whose results would otherwise be lost at its end
+        (["--plot", "/proc/mainspring-plots"], "--plot /proc/mainspring-plots: cannot write there"),
+        (["--log-dir", "/proc/mainspring-logs"], "--log-dir /proc/mainspring-logs: cannot write there"),
+        (["--json", "/"], "--json /: cannot write there: is a folder, not a file"),
     ],
 )
 def test_bad_flags_give_one_clear_line(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -131,3 +137,19 @@ def test_console_script_runs() -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "goodput" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--log", "/proc/mainspring/requests.tsv"], "--log /proc/mainspring/requests.tsv: cannot write there"),
+        (["--slo-ms", "0"], "--slo-ms positive and at most 86400000"),
+    ],
+)
+def test_bench_refuses_bad_flags_before_it_sends(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "--url", "127.0.0.1:9", "--duration-s", "1", *extra])  # nothing listens on port 9
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err

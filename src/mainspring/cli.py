@@ -11,8 +11,9 @@ from pathlib import Path
 from mainspring.cli_bench import add_bench, run_bench
 from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
 from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
-from mainspring.cli_workload import CliError, add_workload_arguments, duration_s, workload_from
+from mainspring.cli_workload import CliError, add_workload_arguments, duration_s, prepare_outputs, workload_from
 from mainspring.models.profile import ModelProfile, builtin_profiles, load_profiles, model_copies
+from mainspring.protocol import MAX_SLO_MS
 from mainspring.protocol.pages import MIB
 from mainspring.scheduler.registry import SETTABLE, clockwork_config, parse_policies, policy_names
 from mainspring.settings import key_values
@@ -95,10 +96,12 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
     seconds = duration_s(args)
     if seconds <= 0:
         raise CliError(f"--duration-s must be positive, got {seconds:g}")
-    if args.slo_ms <= 0:
-        raise CliError(f"--slo-ms must be positive, got {args.slo_ms}")
+    if not 0 < args.slo_ms <= MAX_SLO_MS:
+        raise CliError(f"--slo-ms must be positive and at most {MAX_SLO_MS} (one day), got {args.slo_ms}")
     if args.warmup_s < 0:
         raise CliError(f"--warmup-s must not be negative, got {args.warmup_s}")
+    if args.page_mib > 0 and 0 < args.device_memory_gib * 1024 < args.page_mib:
+        raise CliError(f"--device-memory-gib {args.device_memory_gib:g} holds no page of --page-mib {args.page_mib}")
     return SimulationConfig(
         duration_ns=s_to_ns(seconds),
         warmup_ns=s_to_ns(args.warmup_s),
@@ -120,6 +123,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     config = _config(args)
     workload = workload_from(args)
     profiles = _profiles(args)
+    prepare_outputs({"--json": args.json}, {"--log-dir": args.log_dir, "--plot": args.plot})
     arrivals = generate_arrivals(workload, profiles, config)
     results: dict[str, SimulationResult] = {}
     for policy in policies:
@@ -128,7 +132,6 @@ def _run_simulate(args: argparse.Namespace) -> int:
     reports = [r.report for r in results.values()]
     print(format_table(reports))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"results": [r.to_json() for r in reports]}, indent=2) + "\n")
     if args.log_dir is not None:
         for policy, result in results.items():

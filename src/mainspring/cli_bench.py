@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mainspring.cli_workload import CliError, add_workload_arguments, duration_s, workload_from
+from mainspring.cli_workload import CliError, add_workload_arguments, duration_s, prepare_outputs, workload_from
+from mainspring.protocol import MAX_SLO_MS
 from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
 
 
@@ -28,14 +29,14 @@ def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    if duration_s(args) <= 0 or args.slo_ms <= 0:
-        raise CliError("--duration-s and --slo-ms must be positive")
+    if duration_s(args) <= 0 or not 0 < args.slo_ms <= MAX_SLO_MS:
+        raise CliError(f"--duration-s must be positive, --slo-ms positive and at most {MAX_SLO_MS} (one day)")
+    prepare_outputs({"--json": args.json, "--log": args.log}, {"--plot": args.plot})
     report = asyncio.run(_bench(args))
     from mainspring.bench.report import format_report
 
     print(format_report(report))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

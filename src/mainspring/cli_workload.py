@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from mainspring.workload import AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, SloSweep, Workload
@@ -13,6 +14,22 @@ DEFAULT_DURATION_S = 60.0
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+def prepare_outputs(files: dict[str, Path | None], folders: dict[str, Path | None]) -> None:
+    """Make the folders the results go to, before a run that may take long: a path that cannot be
+    written is told now, not after the run (whose results would be lost). Keys are the flags."""
+    wanted: list[tuple[str, Path, Path | None]] = [(f, p.parent, p) for f, p in files.items() if p is not None]
+    wanted += [(flag, path, None) for flag, path in folders.items() if path is not None]
+    for flag, folder, file in wanted:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if file is not None and file.is_dir():
+                raise IsADirectoryError(21, "is a folder, not a file")
+            if not os.access(folder, os.W_OK):
+                raise PermissionError(13, "not writable")
+        except OSError as error:
+            raise CliError(f"{flag} {file or folder}: cannot write there: {error.strerror or error}") from None
 
 
 def add_workload_arguments(

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mainspring.cli_workload import prepare_outputs
 from mainspring.time import ns_to_ms
 
 ZOO_FORMATS = ("torch_export", "torchscript", "safetensors", "onnx")
@@ -59,7 +60,7 @@ def run_zoo(args: argparse.Namespace) -> int:
     if args.copies <= 0 or args.image_size < 16:
         raise ModelsCliError("--copies must be positive and --image-size at least 16")
     batch_sizes = _int_list(args.batch_sizes, "--batch-sizes")
-    args.out.mkdir(parents=True, exist_ok=True)
+    prepare_outputs({}, {"--out": args.out})
     repo = ModelRepository(args.out)
     width = len(str(args.copies - 1))
     for name in names:
@@ -81,9 +82,16 @@ def run_profile(args: argparse.Namespace) -> int:
     from mainspring.worker.torch_worker import TorchWorker
 
     repo = ModelRepository(args.repo)
-    models = args.model or repo.models()
-    if not models:
+    held = repo.models()
+    if not held:
         raise ModelsCliError(f"repository {args.repo} holds no models")
+    models = args.model or held
+    unknown = sorted(set(models) - set(held))
+    if unknown:
+        raise ModelsCliError(f"--model {', '.join(unknown)}: not in {args.repo}, which holds {', '.join(held)}")
+    if args.max_runs < 1 or not args.max_seconds > 0:
+        raise ModelsCliError(f"--max-runs must be at least 1 and --max-seconds positive, got {args.max_runs} and "
+                             f"{args.max_seconds:g}")  # fmt: skip
     settings = ProfilerSettings(max_runs=args.max_runs, max_seconds_per_batch=args.max_seconds)
     runner = ActionRunner()
     worker = TorchWorker(repo, runner.results.put, [args.device], models=[], use_stored_profiles=False)

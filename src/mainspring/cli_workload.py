@@ -23,6 +23,8 @@ def prepare_outputs(files: dict[str, Path | None], folders: dict[str, Path | Non
     wanted += [(flag, path, None) for flag, path in folders.items() if path is not None]
     for flag, folder, file in wanted:
         try:
+            if folder.exists() and not folder.is_dir():
+                raise NotADirectoryError(20, "is a file, not a folder")
             folder.mkdir(parents=True, exist_ok=True)
             if file is not None and file.is_dir():
                 raise IsADirectoryError(21, "is a folder, not a file")

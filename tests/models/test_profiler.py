@@ -37,3 +37,22 @@ def test_profile_of_an_empty_repository_is_a_clear_error(tmp_path: Path, capsys:
     with pytest.raises(SystemExit) as exit_info:
         main(["profile", str(tmp_path)])
     assert exit_info.value.code == 2 and "holds no models" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "nope"], "--model nope: not in "),
+        (["--model", "mlp", "--max-runs", "0"], "--max-runs must be at least 1 and --max-seconds positive"),
+        (["--model", "mlp", "--max-seconds", "-1"], "--max-runs must be at least 1 and --max-seconds positive"),
+        (["--model", "mlp", "--device", "cuda:9"], "device 'cuda:9' is not on this machine"),
+    ],
+)
+def test_bad_profile_flags_are_refused_before_any_measurement(
+    small_zoo: ModelRepository, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = {path: path.stat().st_mtime_ns for path in small_zoo.root.rglob("*")}
+    with pytest.raises(SystemExit) as exit_info:
+        main(["profile", str(small_zoo.root), "--quiet", *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert {path: path.stat().st_mtime_ns for path in small_zoo.root.rglob("*")} == before  # nothing written

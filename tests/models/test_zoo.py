@@ -58,3 +58,11 @@ def test_zoo_export_rejects_unknown_models(tmp_path: Path, capsys: pytest.Captur
     with pytest.raises(SystemExit) as exit_info:
         main(["zoo", "export", "--out", str(tmp_path), "--models", "vgg16"])
     assert exit_info.value.code == 2 and "vgg16" in capsys.readouterr().err
+
+
+def test_zoo_export_to_a_file_is_refused_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "taken").write_text("not a repository")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["zoo", "export", "--out", str(tmp_path / "taken"), "--models", "mlp"])
+    assert exit_info.value.code == 2
+    assert f"--out {tmp_path / 'taken'}: cannot write there: is a file, not a folder" in capsys.readouterr().err

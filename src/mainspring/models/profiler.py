@@ -32,6 +32,12 @@ class ProfilerSettings:
     load_runs: int = 10
     tolerance: float = 0.05
 
+    def __post_init__(self) -> None:
+        if self.max_runs < 1 or self.load_runs < 1:
+            raise ValueError(f"max_runs={self.max_runs} and load_runs={self.load_runs} must be at least 1")
+        if not self.max_seconds_per_batch > 0:
+            raise ValueError(f"max_seconds_per_batch={self.max_seconds_per_batch} must be positive")
+
 
 @dataclass(frozen=True)
 class BatchMeasurement:

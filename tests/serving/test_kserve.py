@@ -220,6 +220,37 @@ def test_repository_unload_and_load(
     assert unknown.value.status() == "404"
 
 
+def test_repository_calls_refuse_what_they_cannot_honour_and_filter_by_readiness(
+    server: ServerProcess, http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    override = json.dumps({"max_batch_size": 4})
+    with pytest.raises(InferenceServerException) as refused:  # once silently ignored: the override never applied
+        http.load_model("mlp", config=override)
+    assert refused.value.status() == "400" and "overrides the model's config or files" in refused.value.message()
+    with pytest.raises(InferenceServerException) as refused:
+        grpc.load_model("mlp", config=override)
+    assert "INVALID_ARGUMENT" in str(refused.value.status()) and "'config'" in refused.value.message()
+    for path, body, fragment in (
+        ("/v2/repository/index", b"[1]", "request body must be a JSON object"),
+        ("/v2/repository/index", b"{bad", "request body is not valid JSON"),
+        ("/v2/repository/index", b'{"ready": "yes"}', "ready must be true or false, got 'yes'"),
+        ("/v2/repository/models/mlp/load", b'{"parameters": 5}', "parameters must be a JSON object"),
+        ("/v2/repository/models/mlp/unload", b'{"parameters": {"colour": 1}}', "unknown parameter 'colour'"),
+        ("/v2/repository/models/mlp/unload", b'{"parameters": {"unload_dependents": "no"}}', "must be true or"),
+    ):
+        status, reply = http_call(f"http://{server.http}{path}", body)
+        assert status == 400 and fragment in json.loads(reply)["error"], (path, body, reply)
+    assert http.is_model_ready("mlp")  # a refused unload unloads nothing
+    http.unload_model("bert_tiny")  # tritonclient sends unload_dependents: false
+    try:
+        ready = {m["name"] for m in json.loads(http_call(f"http://{server.http}/v2/repository/index",
+                                                         b'{"ready": true}')[1])}  # fmt: skip
+        assert ready == {"mlp", "resnet18"}
+        assert {m.name for m in grpc.get_model_repository_index().models} == {"mlp", "resnet18", "bert_tiny"}
+    finally:
+        http.load_model("bert_tiny")
+
+
 def test_metrics_stats_and_openapi(server: ServerProcess, http: httpclient.InferenceServerClient) -> None:
     tensor = httpclient.InferInput("input", [2, 256], "FP32")
     tensor.set_data_from_numpy(inputs_for("mlp", 2))

@@ -134,7 +134,12 @@ class DataPlane:
         return {"model_stats": stats}
 
     # --- repository ----------------------------------------------------------------------------
-    def repository_index(self) -> list[dict[str, str]]:
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model of the repository and those served, with its state; ``ready_only``: the served."""
+        entries = self._index()
+        return [e for e in entries if e["state"] == "READY"] if ready_only else entries
+
+    def _index(self) -> list[dict[str, str]]:
         entries = {name: {"name": name, "version": str(m.version), "state": "READY", "reason": ""}
                    for name, m in self.service.models.items()}  # fmt: skip
         if self.repo is not None:
@@ -148,7 +153,8 @@ class DataPlane:
                     entries[name] = {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
         return [entries[n] for n in sorted(entries)]
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        _repository_parameters(parameters or {}, "load", ())
         if self.repo is not None and name not in self.repo.models() and name not in self.service.models:
             raise InferenceError(404, f"model {name!r} is not in the repository")
         try:
@@ -158,7 +164,9 @@ class DataPlane:
         except ModelLoadError as error:
             raise InferenceError(400, str(error)) from None
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        # No model here has dependents (no ensembles): there is nothing more to unload either way.
+        _repository_parameters(parameters or {}, "unload", ("unload_dependents",))
         try:
             await self.service.unload_model(name)
         except ServiceError as error:
@@ -320,3 +328,20 @@ def decode_tensor(
             raise InferenceError(400, f"input {name!r}: {array.size} values, shape {list(shape)} needs {count}")
         array = array.reshape(shape)
     return Tensor(name, datatype, list(shape), array), so_far
+
+
+def _repository_parameters(parameters: Mapping[str, Any], action: str, flags: tuple[str, ...]) -> None:
+    """Refuse what a model load or unload cannot honour, rather than ignore it: Triton's config and
+    file overrides (``config``, ``file:<path>``) and unknown names; ``flags`` take true or false."""
+    for key, value in parameters.items():
+        if key == "config" or key.startswith("file:"):
+            raise InferenceError(
+                400,
+                f"parameter {key!r}: a {action} that overrides the model's config or files is not supported; "
+                "change the model in the repository, then load it",
+            )
+        if key not in flags:
+            known = ", ".join(flags) or "none"
+            raise InferenceError(400, f"unknown parameter {key!r} for a model {action} (known: {known})")
+        if not isinstance(value, bool):
+            raise InferenceError(400, f"parameter {key!r} must be true or false, got {value!r}")

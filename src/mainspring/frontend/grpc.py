@@ -59,6 +59,10 @@ def _parameter(value: Any) -> Any:
     return getattr(value, kind) if kind else None
 
 
+def _parameters(parameters: Any) -> dict[str, Any]:
+    return {key: _parameter(value) for key, value in parameters.items()}
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
@@ -123,28 +127,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         return await _guard(context, work)
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
-        entries = self.plane.repository_index()
-        if request.ready:
-            entries = [e for e in entries if e["state"] == "READY"]
+        entries = self.plane.repository_index(request.ready)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
         async def work() -> Any:
-            await self.plane.load(request.model_name)
+            await self.plane.load(request.model_name, _parameters(request.parameters))
             return pb.RepositoryModelLoadResponse()
 
         return await _guard(context, work)
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
         async def work() -> Any:
-            await self.plane.unload(request.model_name)
+            await self.plane.unload(request.model_name, _parameters(request.parameters))
             return pb.RepositoryModelUnloadResponse()
 
         return await _guard(context, work)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
         async def work() -> Any:
-            parameters = {key: _parameter(value) for key, value in request.parameters.items()}
+            parameters = _parameters(request.parameters)
             inputs = _inputs(request, self.plane.limits)
             self.plane.limits.check_count("outputs", len(request.outputs))
             requested = [o.name for o in request.outputs] or None

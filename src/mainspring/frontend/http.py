@@ -98,17 +98,26 @@ async def model_stats(request: web.Request) -> web.Response:
 
 
 async def repository_index(request: web.Request) -> web.Response:
-    return web.json_response(_plane(request).repository_index())
+    document = await _optional_object(request)
+    return web.json_response(_plane(request).repository_index(_flag(document, "ready", "request")))
 
 
 async def repository_load(request: web.Request) -> web.Response:
-    await _plane(request).load(request.match_info["model"])
+    parameters = _dict((await _optional_object(request)).get("parameters", {}), "parameters")
+    await _plane(request).load(request.match_info["model"], parameters)
     return web.json_response({})
 
 
 async def repository_unload(request: web.Request) -> web.Response:
-    await _plane(request).unload(request.match_info["model"])
+    parameters = _dict((await _optional_object(request)).get("parameters", {}), "parameters")
+    await _plane(request).unload(request.match_info["model"], parameters)
     return web.json_response({})
+
+
+async def _optional_object(request: web.Request) -> dict[str, Any]:
+    """The body of a repository call: none, or a JSON object."""
+    body = await request.read()
+    return _json_object(body, _plane(request).limits) if body.strip() else {}
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -128,16 +137,8 @@ async def openapi(request: web.Request) -> web.Response:
 async def infer(request: web.Request) -> web.Response:
     body = await request.read()
     header, binary = _split_body(request, body)
-    try:
-        document = msgspec.json.decode(header)  # ~5x faster than json.loads on large tensors
-    except msgspec.DecodeError as error:
-        raise InferenceError(400, f"request body is not valid JSON: {error}") from None
-    except RecursionError:  # msgspec's answer to nesting deeper than the interpreter's limit
-        raise InferenceError(400, "request body is nested too deeply to be a KServe v2 request") from None
-    if not isinstance(document, dict):
-        raise InferenceError(400, "request body must be a JSON object")
     limits = _plane(request).limits
-    limits.check_document(document)
+    document = _json_object(header, limits)
     parameters = _dict(document.get("parameters", {}), "parameters")
     inputs = _inputs(document.get("inputs"), binary, limits)
     requested = _requested_outputs(document.get("outputs"), limits)
@@ -162,6 +163,19 @@ async def infer(request: web.Request) -> web.Response:
         return web.Response(body=text, content_type="application/json")
     headers = {HEADER_LENGTH: str(len(text))}
     return web.Response(body=b"".join([text, *chunks]), content_type="application/octet-stream", headers=headers)
+
+
+def _json_object(text: bytes, limits: RequestLimits) -> dict[str, Any]:
+    try:
+        document = msgspec.json.decode(text)  # ~5x faster than json.loads on large tensors
+    except msgspec.DecodeError as error:
+        raise InferenceError(400, f"request body is not valid JSON: {error}") from None
+    except RecursionError:  # msgspec's answer to nesting deeper than the interpreter's limit
+        raise InferenceError(400, "request body is nested too deeply to be a KServe v2 request") from None
+    if not isinstance(document, dict):
+        raise InferenceError(400, "request body must be a JSON object")
+    limits.check_document(document)
+    return document
 
 
 def _split_body(request: web.Request, body: bytes) -> tuple[bytes, bytes]:

@@ -36,6 +36,12 @@ def _op(
     return op
 
 
+def _optional_body(op: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """A repository call's body: optional JSON (anything it cannot honour is a 400)."""
+    op["requestBody"] = {"required": False, "content": {"application/json": {"schema": schema}}}
+    return op
+
+
 def _probe(summary: str, failed: str, path_params: int = 0) -> dict[str, Any]:
     """A readiness or liveness probe: the status is the answer, neither has a body (as Triton's)."""
     status = "400" if path_params else "503"
@@ -56,11 +62,40 @@ def _paths() -> dict[str, Any]:
                 "responses": {"200": {"description": "text format"}, "401": _ERROR},
             }
         },
-        "/v2/repository/index": {"post": _op("models in the repository and their state", _ok("index", "Index"))},
-        "/v2/repository/models/{model}/load": {
-            "post": _op("load a model", _ok("loaded"), 400, 404, 503, path_params=1)
+        "/v2/repository/index": {
+            "post": _optional_body(
+                _op("models in the repository and their state", _ok("index", "Index"), 400),
+                {"type": "object", "properties": {"ready": {"type": "boolean", "description": "only the ready ones"}}},
+            )
         },
-        "/v2/repository/models/{model}/unload": {"post": _op("unload a model", _ok("unloaded"), 404, path_params=1)},
+        "/v2/repository/models/{model}/load": {
+            "post": _optional_body(
+                _op(
+                    "load a model (Triton's config and file overrides are refused)",
+                    _ok("loaded"),
+                    400,
+                    404,
+                    503,
+                    path_params=1,
+                ),
+                {"type": "object", "properties": {"parameters": {"type": "object", "maxProperties": 0}}},
+            )
+        },
+        "/v2/repository/models/{model}/unload": {
+            "post": _optional_body(
+                _op("unload a model", _ok("unloaded"), 400, 404, path_params=1),
+                {
+                    "type": "object",
+                    "properties": {
+                        "parameters": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {"unload_dependents": {"type": "boolean"}},
+                        }
+                    },
+                },
+            )
+        },
         "/v2/models/stats": {"get": _op("statistics of every model", _ok("statistics"))},
     }
     for prefix, params in (("/v2/models/{model}", 1), ("/v2/models/{model}/versions/{version}", 2)):

@@ -292,6 +292,16 @@ def test_grpc_typed_contents_and_http_nested_json(server: ServerProcess) -> None
             stub.ModelInfer(request, timeout=60)
         trailing = dict(rejected.value.trailing_metadata())  # type: ignore[attr-defined]
         assert trailing["mainspring-outcome"] == "deadline_at_arrival"
+        del request.parameters["slo_ms"]
+        request.raw_input_contents.append(data.tobytes())  # the same tensor twice: which one is meant?
+        with pytest.raises(grpclib.RpcError) as ambiguous:
+            stub.ModelInfer(request, timeout=60)
+        assert "contents must be empty with raw_input_contents" in ambiguous.value.details()  # type: ignore[attr-defined]
+        misplaced = service_pb2.ModelInferRequest(model_name="mlp")
+        misplaced.inputs.add(name="input", datatype="FP32", shape=[1, 256]).contents.int_contents.extend([0] * 256)
+        with pytest.raises(grpclib.RpcError) as wrong_field:
+            stub.ModelInfer(misplaced, timeout=60)
+        assert "FP32 data goes in fp32_contents, got int_contents" in wrong_field.value.details()  # type: ignore[attr-defined]
     got = np.frombuffer(reply.raw_output_contents[0], dtype=np.float32).reshape(list(reply.outputs[0].shape))
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     nested = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [2, 256], "data": data.tolist()}]}

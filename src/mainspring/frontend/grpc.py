@@ -172,6 +172,9 @@ def _inputs(request: Any, limits: RequestLimits) -> list[Tensor]:
     tensors, count = [], 0
     for index, entry in enumerate(request.inputs):
         shape = list(entry.shape)
+        given = [f.name for f, _ in entry.contents.ListFields()] if entry.HasField("contents") else []
+        if raw_contents and given:  # two sources of one tensor's data: which one is meant is unknown
+            raise InferenceError(400, f"input {entry.name[:64]!r}: contents must be empty with raw_input_contents")
         if raw_contents:
             tensor, count = decode_tensor(entry.name, entry.datatype, shape, None, raw_contents[index], limits, count)
         else:
@@ -179,6 +182,11 @@ def _inputs(request: Any, limits: RequestLimits) -> list[Tensor]:
             if field is None:
                 raise InferenceError(
                     400, f"input {entry.name[:64]!r}: datatype {entry.datatype[:64]} needs raw_input_contents"
+                )
+            if [f for f in given if f != field]:
+                named = ", ".join(given)
+                raise InferenceError(
+                    400, f"input {entry.name[:64]!r}: {entry.datatype} data goes in {field}, got {named}"
                 )
             values = np.asarray(getattr(entry.contents, field))
             tensor, count = decode_tensor(entry.name, entry.datatype, shape, values, None, limits, count)

@@ -243,3 +243,37 @@ def test_a_failing_batch_runs_requests_alone_only_while_their_deadlines_allow(
     none = msgspec.structs.replace(infer, action_id=infer.action_id + 100, deadlines_ns=(now,) * 4)
     late = run(worker, results, none, [good[0], bad, good[1], good[2]])
     assert late.status is ActionStatus.OK and late.unchecked == (0, 1, 2, 3) and not late.failed
+
+
+def test_a_model_that_fails_its_shape_guard_is_named_and_a_bad_stored_profile_is_measured_again(
+    small_zoo: ModelRepository, tmp_path: Path, results: Results, caplog: pytest.LogCaptureFixture
+) -> None:
+    """torch.export's shape guard raises AssertionError (it once took the whole worker down); a
+    profile that cannot be read, or that describes other weights, is measured again, not trusted."""
+    from mainspring.models.loading import copy_model
+    from mainspring.models.profile import ModelProfile, dump_profiles
+
+    shutil.copytree(small_zoo.root, tmp_path / "repo")
+    repo = ModelRepository(tmp_path / "repo")
+    narrow = copy_model(repo, "mlp", "mlp_narrow")
+    repo.write(msgspec.structs.replace(narrow, inputs=(TensorSpec("input", "FP32", (-1, 128)),)))  # the model takes 256
+    copy_model(repo, "mlp", "mlp_unreadable")
+    (repo.path("mlp_unreadable") / "profile.json").write_text("garbage")
+    copy_model(repo, "mlp", "mlp_stale")
+    stale = ModelProfile("mlp_stale", "cpu", 999, 1_000, {1: 1_000, 2: 1_000, 4: 1_000, 8: 1_000})
+    dump_profiles([stale], repo.path("mlp_stale") / "profile.json", source="another model file")
+    models = ["mlp", "mlp_narrow", "mlp_unreadable", "mlp_stale"]
+    worker = TorchWorker(repo, results.put, models=models, pool_bytes=POOL)
+    try:
+        assert set(worker.profiles()) == {"mlp", "mlp_unreadable", "mlp_stale"}
+        assert "does not run as" in worker.load_errors["mlp_narrow"], worker.load_errors
+        weights = worker.profiles()["mlp"].weights_bytes
+        assert worker.profiles()["mlp_stale"].weights_bytes == weights != 999
+        assert worker.profiles()["mlp_unreadable"].weights_bytes == weights
+        assert "mlp_unreadable: ignoring its stored profile" in caplog.text
+        assert "mlp_stale: its stored profile is stale (999 bytes of weights" in caplog.text
+        samples = sample_inputs(worker.configs()["mlp_stale"], 1)
+        assert run(worker, results, results.load("mlp_stale")).status is ActionStatus.OK
+        assert run(worker, results, results.infer("mlp_stale", 1, 1), samples).status is ActionStatus.OK
+    finally:
+        worker.close()

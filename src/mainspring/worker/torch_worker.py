@@ -134,15 +134,15 @@ class TorchWorker:
                 for index, device in enumerate(self._devices):
                     module_here = module if index == 0 else load_module(self.repo, model, version)[1]
                     timings = device.add(host, module_here)
-            except (RuntimeError, ValueError) as error:
+            except Exception as error:  # whatever the model raises (torch.export's guards: AssertionError)
                 for device in self._devices:
                     device.remove(model)
-                reason = str(error).strip().splitlines()[0]
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
                 raise ModelLoadError(
                     f"model {model!r}: does not run as {self.repo.path(model, version)}/config.json "
                     f"describes it: {reason}"
                 ) from error
-            profile = self._stored_profile(model, version) or self._measured_profile(host, timings)
+            profile = self._stored_profile(host, version) or self._measured_profile(host, timings)
             self._models[model] = (config, profile)
             self._versions[model] = self.repo.latest_version(model) if version is None else version
             self.load_errors.pop(model, None)
@@ -173,12 +173,28 @@ class TorchWorker:
         for device in self._devices:
             device.close()
 
-    def _stored_profile(self, model: str, version: int | None) -> ModelProfile | None:
+    def _stored_profile(self, host: HostModel, version: int | None) -> ModelProfile | None:
+        """The repository's profile for this device kind, unless it is unreadable or describes another
+        model than the one registered (other weights, other batch sizes): then the warm-up's figures."""
         if not self.use_stored_profiles:
             return None
-        stored = self.repo.profile(model, self.kind, version)
-        if stored is not None:
-            log.info("%s: using the profile stored in the repository for %s", model, self.kind)
+        model = host.config.name
+        try:
+            stored = self.repo.profile(model, self.kind, version)
+        except ValueError as error:
+            log.warning("%s: ignoring its stored profile (%s); measuring here instead", model, error)
+            return None
+        if stored is None:
+            return None
+        stale = []
+        if stored.weights_bytes != host.weights_bytes:
+            stale.append(f"{stored.weights_bytes} bytes of weights, the model has {host.weights_bytes}")
+        if sorted(stored.exec_ns) != sorted(host.config.batch_sizes):
+            stale.append(f"batch sizes {sorted(stored.exec_ns)}, the config has {sorted(host.config.batch_sizes)}")
+        if stale:
+            log.warning("%s: its stored profile is stale (%s); measuring here instead", model, "; ".join(stale))
+            return None
+        log.info("%s: using the profile stored in the repository for %s", model, self.kind)
         return stored
 
     def _measured_profile(self, host: HostModel, timings: Mapping[int, list[int]]) -> ModelProfile:

@@ -28,6 +28,7 @@ class ServerProcess:
     ) -> None:
         self.http_port, self.grpc_port, self.worker_port = free_port(), free_port(), worker_port or free_port()
         self.log = log
+        self.repo = repo
         command = [
             sys.executable, "-m", "mainspring.cli", "serve", "--repo", str(repo), "--devices", "cpu",
             "--pool-mib", "256", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),

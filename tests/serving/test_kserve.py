@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -249,6 +250,35 @@ def test_repository_calls_refuse_what_they_cannot_honour_and_filter_by_readiness
         assert {m.name for m in grpc.get_model_repository_index().models} == {"mlp", "resnet18", "bert_tiny"}
     finally:
         http.load_model("bert_tiny")
+
+
+def test_a_load_of_a_served_model_whose_entry_changed_is_refused_and_a_failed_load_is_indexed(
+    server: ServerProcess, http: httpclient.InferenceServerClient
+) -> None:
+    repo = ModelRepository(server.repo)
+    original = repo.config("bert_tiny")
+    http.load_model("bert_tiny")  # unchanged: nothing to do
+    repo.write(msgspec.structs.replace(original, slo_ms=500.0))
+    try:
+        with pytest.raises(InferenceServerException) as refused:  # was: a 200 that served the old config
+            http.load_model("bert_tiny")
+        assert refused.value.status() == "400" and "its config differs" in refused.value.message()
+        http.unload_model("bert_tiny")
+        http.load_model("bert_tiny")  # unload, then load: the change is served
+        assert http.get_model_config("bert_tiny")["default_slo_ms"] == 500.0
+        http.unload_model("bert_tiny")
+        (repo.path("bert_tiny") / original.file).rename(repo.path("bert_tiny") / "moved")
+        with pytest.raises(InferenceServerException) as failed:
+            http.load_model("bert_tiny")
+        assert failed.value.status() == "400"
+        entry = next(m for m in http.get_model_repository_index() if m["name"] == "bert_tiny")
+        assert entry["state"] == "UNAVAILABLE" and "does not exist" in entry["reason"], entry
+    finally:
+        if (repo.path("bert_tiny") / "moved").exists():
+            (repo.path("bert_tiny") / "moved").rename(repo.path("bert_tiny") / original.file)
+        repo.write(original)
+        if not http.is_model_ready("bert_tiny"):
+            http.load_model("bert_tiny")
 
 
 def test_metrics_stats_and_openapi(server: ServerProcess, http: httpclient.InferenceServerClient) -> None:

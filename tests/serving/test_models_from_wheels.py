@@ -85,6 +85,7 @@ def test_a_triton_repository_is_served_and_its_refusals_listed(tmp_path: Path) -
         http.unload_model("onnx_mlp")  # the repository API on a Triton layout
         assert not http.is_model_ready("onnx_mlp")
         http.load_model("onnx_mlp")
+        http.load_model("onnx_mlp")  # served and unchanged: a load is nothing to do, not a refusal
         np.testing.assert_allclose(http.infer("onnx_mlp", [tensor]).as_numpy("y"), expected, rtol=1e-5, atol=1e-6)
     finally:
         assert server.stop() == 0, (tmp_path / "server.log").read_text()

@@ -363,7 +363,10 @@ class ControllerService:
         if failed or not replies:
             if len(failed) < len(replies):
                 await self._model_op(ModelOperation.UNLOAD, model, timeout_s)  # keep the workers consistent
-            raise ServiceError("invalid", failed[0].error if failed else f"no worker answered for {model!r}")
+            reason = failed[0].error if failed else f"no worker answered for {model!r}"
+            self.load_errors[model] = reason  # the repository index tells why the model is not served
+            await self._announce()
+            raise ServiceError("invalid", reason)
         info = replies[0].info
         assert info is not None
         profile = ModelProfile.from_json(info.profile, f"model {model}")

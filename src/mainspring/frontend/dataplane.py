@@ -157,12 +157,33 @@ class DataPlane:
         _repository_parameters(parameters or {}, "load", ())
         if self.repo is not None and name not in self.repo.models() and name not in self.service.models:
             raise InferenceError(404, f"model {name!r} is not in the repository")
+        served = self.service.models.get(name)
+        change = self._change_since(name, served) if served is not None else ""
+        if served is not None and change:  # a load that changes nothing must not answer as if it did
+            raise InferenceError(
+                400,
+                f"model {name!r} is served as version {served.version} and its repository entry has changed "
+                f"since ({change}): unload it, then load it, to serve the change (no reload in place)",
+            )
         try:
             await self.service.load_model(name)
         except ServiceError as error:
             raise InferenceError(_SERVICE_STATUS[error.kind], str(error)) from None
         except ModelLoadError as error:
             raise InferenceError(400, str(error)) from None
+
+    def _change_since(self, name: str, served: ServedModel) -> str:
+        """How the repository's latest version of a served model differs from what is served ("" if not)."""
+        if self.repo is None or name not in self.repo.models():
+            return "" if self.repo is None else "it is no longer in the repository"
+        try:
+            version = self.repo.latest_version(name)
+            config = self.repo.config(name, version)
+        except ModelLoadError as error:
+            return str(error)
+        if version != served.version:
+            return f"version {version} is the latest now"
+        return "" if config == served.config else "its config differs"
 
     async def unload(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
         # No model here has dependents (no ensembles): there is nothing more to unload either way.

@@ -98,3 +98,36 @@ def test_a_frontend_whose_view_trails_asks_the_controller_before_refusing(tmp_pa
         router.close(0)
 
     asyncio.run(test())
+
+
+def test_a_load_or_unload_returns_once_every_frontend_answers_from_the_new_state(tmp_path: Path) -> None:
+    """Two frontends on a real hub: the one that did not take the call already answers accordingly
+    when the caller hears the unload is done (the emulated worker cannot load a model back: a load
+    announces the same way)."""
+    from mainspring.controller.frontends import FrontendHub
+    from mainspring.frontend.dataplane import InferenceError
+    from tests.controller.test_service import with_service
+
+    async def test(service: object, _: DataPlane, __: object) -> None:
+        from mainspring.controller.service import ControllerService
+
+        assert isinstance(service, ControllerService)
+        hub = FrontendHub(service, f"ipc://{tmp_path}/frontends")
+        await hub.start()
+        taking, other = RemoteController(hub.endpoint, "frontend-1"), RemoteController(hub.endpoint, "frontend-2")
+        for frontend in (taking, other):
+            await frontend.start(timeout_s=5)
+        try:
+            assert "b" in other.models
+            await DataPlane(taking).unload("b")
+            with pytest.raises(InferenceError) as gone:
+                DataPlane(other).model_metadata("b", None)
+            assert gone.value.status == 404
+            await service.drain(0.5)  # a drain as well: no frontend still calls itself ready after it
+            assert not DataPlane(other).ready() and not DataPlane(taking).ready()
+        finally:
+            for frontend in (taking, other):
+                await frontend.close()
+            await hub.close()
+
+    with_service(test)

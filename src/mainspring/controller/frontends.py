@@ -25,6 +25,7 @@ from mainspring.protocol.models import ModelInfo
 from mainspring.protocol.tensors import Sample
 from mainspring.transport.frontend_messages import (
     Answers,
+    Applied,
     Ask,
     Join,
     Refused,
@@ -49,6 +50,9 @@ class FrontendHub:
         self._tasks: set[asyncio.Task[None]] = set()
         self._receiver: asyncio.Task[None] | None = None
         self._sent: object = None
+        self._seq = 0  # of the last state sent
+        self._applied: dict[bytes, int] = {}  # the last state each frontend said it answers from
+        self._acked = asyncio.Event()
 
     @property
     def joined(self) -> int:
@@ -78,21 +82,37 @@ class FrontendHub:
     def _state(self) -> State:
         service = self.service
         models = [ModelInfo(m.config, m.profile.to_json(), m.version) for _, m in sorted(service.models.items())]
-        return State(models, service.device_count, service.accepting, dict(service.load_errors), service.default_slo_ns)
+        return State(models, service.device_count, service.accepting, dict(service.load_errors),
+                     service.default_slo_ns, self._seq)  # fmt: skip
 
     def _signature(self) -> object:
         service = self.service
         versions = tuple(sorted((name, m.version) for name, m in service.models.items()))
         return versions, service.device_count, service.accepting, tuple(sorted(service.load_errors.items()))
 
-    async def _broadcast_if_changed(self) -> None:
-        """The service's listener: every frontend gets the state when it changed since last sent."""
+    async def _broadcast_if_changed(self, timeout_s: float = 2.0) -> None:
+        """The service's listener: every frontend gets the state when it changed since last sent, and
+        this returns once each has applied it, so the caller of a load or unload hears it is done only
+        when every process answers accordingly (at most ``timeout_s``: a frontend that died is restarted
+        and gets the state when it joins)."""
         signature = self._signature()
-        if signature != self._sent and self._frontends:
-            self._sent = signature
-            state = self._state()
-            for identity in list(self._frontends):
-                await self._send(identity, state)
+        if signature == self._sent or not self._frontends:
+            return
+        self._sent = signature
+        self._seq += 1
+        state, targets = self._state(), list(self._frontends)
+        for identity in targets:
+            await self._send(identity, state)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while late := [i for i in targets if i in self._frontends and self._applied.get(i, 0) < state.seq]:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning("%s did not apply state %d within %.1f s", [self._frontends[i] for i in late], state.seq,
+                            timeout_s)  # fmt: skip
+                return
+            self._acked.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._acked.wait(), left)
 
     # --- calls -----------------------------------------------------------------------------------
     async def _receive(self) -> None:
@@ -108,9 +128,13 @@ class FrontendHub:
             if isinstance(message, Join):
                 for stale in [k for k, name in self._frontends.items() if name == message.frontend]:
                     del self._frontends[stale]  # that process is gone: this is the one started after it
+                    self._applied.pop(stale, None)
                 self._frontends[key] = message.frontend
                 log.info("frontend %s joined", message.frontend)
                 await self._send(key, self._state())
+            elif isinstance(message, Applied):
+                self._applied[key] = max(self._applied.get(key, 0), message.seq)
+                self._acked.set()
             elif isinstance(message, Submit) and samples is not None:
                 self._spawn(self._infer(key, message, samples))
             elif isinstance(message, Ask):

@@ -29,7 +29,17 @@ from mainspring.protocol import Response
 from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
 from mainspring.time import NS_PER_S
-from mainspring.transport.frontend_messages import Answers, Ask, Join, Refused, Reply, State, Submit, decode_frontend
+from mainspring.transport.frontend_messages import (
+    Answers,
+    Applied,
+    Ask,
+    Join,
+    Refused,
+    Reply,
+    State,
+    Submit,
+    decode_frontend,
+)
 from mainspring.transport.messages import CodecError, encode, metas_of
 
 log = logging.getLogger("mainspring.frontend.remote")  # also when run as __main__
@@ -85,6 +95,7 @@ class RemoteController:
                 continue
             if isinstance(message, State):
                 self._apply(message)
+                await self._socket.send_multipart(encode(Applied(message.seq)))
             elif isinstance(message, Answers | Refused | Reply):
                 future = self._waiting.pop(message.call, None)
                 if future is not None and not future.done():

@@ -42,6 +42,12 @@ class Ask(msgspec.Struct, frozen=True, tag=True):
     seconds: float = 0.0
 
 
+class Applied(msgspec.Struct, frozen=True, tag=True):
+    """The frontend answers from ``State`` number ``seq`` now (a load or unload waits for every one)."""
+
+    seq: int
+
+
 # controller -> frontend
 class State(msgspec.Struct, frozen=True, tag=True):
     """What a frontend answers health and metadata calls from; sent on join and on every change."""
@@ -51,6 +57,7 @@ class State(msgspec.Struct, frozen=True, tag=True):
     accepting: bool
     load_errors: dict[str, str]
     default_slo_ns: int
+    seq: int = 0
 
 
 class Answers(msgspec.Struct, frozen=True, tag=True):
@@ -75,7 +82,7 @@ class Reply(msgspec.Struct, frozen=True, tag=True):
     value: Any = None
 
 
-FrontendMessage = Join | Submit | Ask | State | Answers | Refused | Reply
+FrontendMessage = Join | Submit | Ask | Applied | State | Answers | Refused | Reply
 
 _decoder = msgspec.msgpack.Decoder(FrontendMessage)
 

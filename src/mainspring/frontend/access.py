@@ -24,7 +24,7 @@ class Access:
     def __init__(self, token: str = "", protect_inference: bool = False) -> None:
         if protect_inference and not token:
             raise ValueError("auth_inference needs auth_token to be set")
-        self._expected = f"Bearer {token}".encode() if token else None
+        self._expected = token.encode() if token else None
         self._protect_inference = protect_inference
 
     @property
@@ -37,8 +37,10 @@ class Access:
             return True
         if scope is Scope.INFERENCE and not self._protect_inference:
             return True
-        given = (authorization or "").encode("utf-8", "surrogateescape")
-        return hmac.compare_digest(given, self._expected)
+        scheme, _, credentials = (authorization or "").partition(" ")
+        given = credentials.encode("utf-8", "surrogateescape")
+        # The scheme is case-insensitive (RFC 9110, 11.1): "bearer" is as good as "Bearer".
+        return scheme.lower() == "bearer" and hmac.compare_digest(given, self._expected)
 
 
 def http_scope(path: str) -> Scope:

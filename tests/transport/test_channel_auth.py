@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol.pages import MIB
 from mainspring.transport.zmq_hub import WorkerHub
+from mainspring.worker import process
 from mainspring.worker.process import WorkerConnection
 from mainspring.worker.torch_worker import TorchWorker
 from tests.transport.test_transport import Events
@@ -45,7 +47,19 @@ async def joins(small_zoo: ModelRepository, hub_secret: str, worker_secret: str,
     ids=["same-secret", "wrong-secret", "no-secret", "plain"],
 )
 def test_only_a_worker_with_the_secret_joins(
-    small_zoo: ModelRepository, hub_secret: str, worker_secret: str, joined: bool
+    small_zoo: ModelRepository,
+    hub_secret: str,
+    worker_secret: str,
+    joined: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # A refused handshake is silent for the worker (ZeroMQ retries); 3 s is 60 heartbeats of the hub.
-    assert asyncio.run(joins(small_zoo, hub_secret, worker_secret, 30.0 if joined else 3.0)) is joined
+    # A refused handshake is silent on the wire (ZeroMQ retries); 5 s is 100 heartbeats of the hub.
+    monkeypatch.setattr(process, "UNANSWERED_WARN_S", 0.5)
+    caplog.set_level(logging.INFO, "mainspring.worker.process")
+    assert asyncio.run(joins(small_zoo, hub_secret, worker_secret, 30.0 if joined else 5.0)) is joined
+    # ... so the worker says what is likely wrong, instead of a "connected" it never was.
+    warned = "no answer from tcp://127.0.0.1:" in caplog.text and "(MAINSPRING_WORKER_SECRET)" in caplog.text
+    assert warned is not joined and ("answered" in caplog.text) is joined
+    if not joined:
+        assert ("(none set here)" in caplog.text) is (worker_secret == "")

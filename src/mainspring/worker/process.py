@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 Outgoing = tuple[Message, list[Any] | None]
 STOPPED, CONTROLLER_GONE, START_OVER = "stopped", "controller gone", "start over"
 HELLO_RETRY_S = 1.0  # a hello can reach a controller that is closing: say it again until one answers
+UNANSWERED_WARN_S = 10.0  # no answer to the hellos this long: tell the user what is likely wrong
 DRAIN_TIMEOUT_S = 15.0  # longer than any action waits for its window (the executor's 10 s) plus its run
 
 
@@ -146,9 +147,10 @@ class WorkerConnection:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
-        log.info("worker %s connected to %s", self.name, self.address)
+        log.info("worker %s connecting to %s", self.name, self.address)
         outcome = STOPPED
         heard: float | None = None  # monotonic time of the controller's last message; None until the first
+        warn_at = said_hello + UNANSWERED_WARN_S
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(200))
@@ -164,8 +166,15 @@ class WorkerConnection:
                     outcome = CONTROLLER_GONE
                     break
                 if heard is None and time.monotonic() - said_hello > HELLO_RETRY_S:
-                    sock.send_multipart(encode(self._hello()))
+                    # Not blocking: with no connection up (a refused handshake) a send would hang here.
+                    with contextlib.suppress(zmq.Again):
+                        sock.send_multipart(encode(self._hello()), flags=zmq.NOBLOCK)
                     said_hello = time.monotonic()
+                if heard is None and said_hello > warn_at:  # a CURVE handshake that fails is silent on this side
+                    secret = "the same worker secret" if self._secret else "a worker secret (none set here)"
+                    log.warning("no answer from %s for %.0f s: is the controller up, and does it expect %s? "
+                                "(MAINSPRING_WORKER_SECRET)", self.address, UNANSWERED_WARN_S, secret)  # fmt: skip
+                    warn_at = float("inf")
                 if self._wake_read in events:
                     os.read(self._wake_read, 4096)
                 while True:
@@ -177,6 +186,8 @@ class WorkerConnection:
                         continue
                     sock.send_multipart(encode(message, samples), copy=False)
                 while sock.poll(0, zmq.POLLIN):
+                    if heard is None:
+                        log.info("worker %s: the controller at %s answered", self.name, self.address)
                     heard = time.monotonic()
                     said_bye = self._handle(sock, sock.recv_multipart(copy=True))
                     if said_bye is not None:

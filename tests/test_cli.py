@@ -144,6 +144,8 @@ def test_console_script_runs() -> None:
     [
         (["--log", "/proc/mainspring/requests.tsv"], "--log /proc/mainspring/requests.tsv: cannot write there"),
         (["--slo-ms", "0"], "--slo-ms positive and at most 86400000"),
+        (["--models", " , "], "--models ' , ' names no model"),
+        (["--workload", "closed", "--clients", "0"], "clients must be positive"),  # told before any call
     ],
 )
 def test_bench_refuses_bad_flags_before_it_sends(

@@ -50,20 +50,19 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     token = os.environ.get("MAINSPRING_AUTH_TOKEN", "")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = args.url or ("127.0.0.1:8001" if args.protocol == "grpc" else "127.0.0.1:8000")
+    workload = workload_from(args)  # a bad workload flag is told before the server is asked anything
+    named = [m.strip() for m in args.models.split(",") if m.strip()] if args.models is not None else None
+    if named == []:
+        raise CliError(f"--models {args.models!r} names no model")
     sender = GrpcSender(url, headers) if args.protocol == "grpc" else HttpSender(url, headers)
     try:
-        models = (
-            [m.strip() for m in args.models.split(",") if m.strip()]
-            if args.models
-            else await _ready_models(url, headers)
-        )
+        models = named if named is not None else await _ready_models(url, headers)
         try:
             await sender.prepare(models)
         except (BenchError, OSError) as error:
             raise CliError(str(error)) from None
         # The workloads draw models from profiles; only names matter to them here.
         profiles = [ModelProfile(m, "live", 1, 1, {1: 1}) for m in models]
-        workload = workload_from(args)
         duration = s_to_ns(duration_s(args))
         arrivals = workload.arrivals(profiles, duration, random.Random(args.seed))
 

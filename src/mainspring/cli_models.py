@@ -89,10 +89,11 @@ def run_profile(args: argparse.Namespace) -> int:
     unknown = sorted(set(models) - set(held))
     if unknown:
         raise ModelsCliError(f"--model {', '.join(unknown)}: not in {args.repo}, which holds {', '.join(held)}")
-    if args.max_runs < 1 or not args.max_seconds > 0:
+    try:
+        settings = ProfilerSettings(max_runs=args.max_runs, max_seconds_per_batch=args.max_seconds)
+    except ValueError:  # the settings' own check, told in the flags' names
         raise ModelsCliError(f"--max-runs must be at least 1 and --max-seconds positive, got {args.max_runs} and "
-                             f"{args.max_seconds:g}")  # fmt: skip
-    settings = ProfilerSettings(max_runs=args.max_runs, max_seconds_per_batch=args.max_seconds)
+                             f"{args.max_seconds:g}") from None  # fmt: skip
     runner = ActionRunner()
     worker = TorchWorker(repo, runner.results.put, [args.device], models=[], use_stored_profiles=False)
     rows, failures = [], 0

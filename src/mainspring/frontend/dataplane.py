@@ -136,10 +136,6 @@ class DataPlane:
     # --- repository ----------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model of the repository and those served, with its state; ``ready_only``: the served."""
-        entries = self._index()
-        return [e for e in entries if e["state"] == "READY"] if ready_only else entries
-
-    def _index(self) -> list[dict[str, str]]:
         entries = {name: {"name": name, "version": str(m.version), "state": "READY", "reason": ""}
                    for name, m in self.service.models.items()}  # fmt: skip
         if self.repo is not None:
@@ -151,15 +147,14 @@ class DataPlane:
                     except ModelLoadError as error:  # e.g. a Triton version_policy naming no servable version
                         version, reason = "", reason or str(error)
                     entries[name] = {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
-        return [entries[n] for n in sorted(entries)]
+        return [entries[n] for n in sorted(entries) if not ready_only or entries[n]["state"] == "READY"]
 
     async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
         _repository_parameters(parameters or {}, "load", ())
         if self.repo is not None and name not in self.repo.models() and name not in self.service.models:
             raise InferenceError(404, f"model {name!r} is not in the repository")
         served = self.service.models.get(name)
-        change = self._change_since(name, served) if served is not None else ""
-        if served is not None and change:  # a load that changes nothing must not answer as if it did
+        if served is not None and (change := self._change_since(name, served)):  # a load must not pretend
             raise InferenceError(
                 400,
                 f"model {name!r} is served as version {served.version} and its repository entry has changed "
@@ -174,8 +169,10 @@ class DataPlane:
 
     def _change_since(self, name: str, served: ServedModel) -> str:
         """How the repository's latest version of a served model differs from what is served ("" if not)."""
-        if self.repo is None or name not in self.repo.models():
-            return "" if self.repo is None else "it is no longer in the repository"
+        if self.repo is None:
+            return ""
+        if name not in self.repo.models():
+            return "it is no longer in the repository"
         try:
             version = self.repo.latest_version(name)
             config = self.repo.config(name, version)

@@ -178,6 +178,9 @@ def load_config(
 
 
 def _serve_values(table: Mapping[str, object], where: str) -> dict[str, Any]:
+    devices = table.get("devices")
+    if isinstance(devices, list) and devices and all(isinstance(device, str) for device in devices):
+        table = {**table, "devices": ",".join(devices)}  # TOML's natural spelling: devices = ["cpu", "cpu"]
     refused = {"clockwork": "the [clockwork] table, MAINSPRING_CLOCKWORK_<NAME> or --clockwork NAME=VALUE"}
     return dataclass_values(ServeConfig, table, where, refused)
 

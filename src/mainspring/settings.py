@@ -24,8 +24,9 @@ def parse_bool(value: object) -> bool:
     raise ValueError(f"{value!r} is not a boolean ({'/'.join(TRUE)} or {'/'.join(FALSE)})")
 
 
-def convert(key: str, value: object, hint: Any) -> Any:
-    """``value`` as the type ``hint`` names (bool, int, float, str, or one of them or None)."""
+def convert(key: str, value: object, hint: Any, secret: bool = False) -> Any:
+    """``value`` as the type ``hint`` names (bool, int, float, str, or one of them or None); a
+    ``secret`` value is not shown in the error."""
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     optional = type(None) in options
     kind = next(o for o in options if o is not type(None))
@@ -38,10 +39,13 @@ def convert(key: str, value: object, hint: Any) -> Any:
             raise ValueError(value)  # TOML's true is no number
         if kind is int and isinstance(value, float) and not value.is_integer():
             raise ValueError(value)  # int() would drop the fraction
+        if kind is str and not isinstance(value, str):
+            raise ValueError(value)  # str() would turn a TOML list or table into its Python spelling
         return kind(value)
     except (TypeError, ValueError):
-        wanted = ("an " if kind is int else "a ") + kind.__name__ + (" or none" if optional else "")
-        raise ValueError(f"setting {key}={value!r} is not {wanted}") from None
+        wanted = {int: "an int", str: "a string"}.get(kind, f"a {kind.__name__}") + (" or none" if optional else "")
+        shown = "(hidden)" if secret else repr(value)
+        raise ValueError(f"setting {key}={shown} is not {wanted}") from None
 
 
 def dataclass_values(
@@ -61,7 +65,8 @@ def dataclass_values(
         if name not in known:
             raise ValueError(f"{where}: unknown setting {key!r}; known: {', '.join(known)}")
         try:
-            out[name] = convert(name, value, hints[name])
+            secret = not cls.__dataclass_fields__[name].repr  # type: ignore[attr-defined]
+            out[name] = convert(name, value, hints[name], secret)
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
     return out

@@ -79,6 +79,31 @@ def test_bad_settings_name_the_setting(env: dict[str, str], message: str) -> Non
         load_config(None, env, {})
 
 
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('devices = ["cpu", 3]', "setting devices=['cpu', 3] is not a string"),
+        ("devices = []", "setting devices=[] is not a string"),
+        ("repo = 5", "setting repo=5 is not a string"),
+        ("[serve.policy]\nname = 'triton'", "setting policy={'name': 'triton'} is not a string"),
+        ('auth_token = ["s3cret"]', "setting auth_token=(hidden) is not a string"),  # never in a log
+    ],
+)
+def test_a_config_file_value_of_the_wrong_kind_is_refused(tmp_path: Path, toml: str, message: str) -> None:
+    file = tmp_path / "serve.toml"
+    file.write_text(f"[serve]\n{toml}\n")
+    with pytest.raises(ValueError, match="is not a string") as refused:
+        load_config(file, {}, {})
+    assert str(refused.value) == f"config file {file}: {message}"
+    assert "s3cret" not in str(refused.value)
+
+
+def test_a_config_file_may_list_the_devices(tmp_path: Path) -> None:
+    file = tmp_path / "serve.toml"
+    file.write_text('[serve]\ndevices = ["cpu", "cpu"]\n')
+    assert load_config(file, {}, {}).device_list() == ["cpu", "cpu"]
+
+
 def test_first_start_builds_the_zoo_and_sigterm_answers_what_is_in_flight(tmp_path: Path) -> None:
     http_port = free_port()
     env = {**os.environ, "HOME": str(tmp_path), "MAINSPRING_HTTP_PORT": str(http_port),

@@ -281,7 +281,9 @@ def test_a_load_of_a_served_model_whose_entry_changed_is_refused_and_a_failed_lo
             http.load_model("bert_tiny")
 
 
-def test_metrics_stats_and_openapi(server: ServerProcess, http: httpclient.InferenceServerClient) -> None:
+def test_metrics_stats_and_openapi(
+    server: ServerProcess, http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
     tensor = httpclient.InferInput("input", [2, 256], "FP32")
     tensor.set_data_from_numpy(inputs_for("mlp", 2))
     http.infer("mlp", [tensor])
@@ -299,6 +301,12 @@ def test_metrics_stats_and_openapi(server: ServerProcess, http: httpclient.Infer
     assert 0 <= families["mainspring_controller_loop_lag_seconds"].samples[0].value < 1.0  # an idle loop is on time
     stats = http.get_inference_statistics("mlp")["model_stats"][0]
     assert stats["name"] == "mlp" and stats["inference_stats"]["success"]["count"] >= 2
+    assert http.get_inference_statistics("mlp", "1")["model_stats"][0]["version"] == "1"
+    # A version not served has no statistics (it used to answer the served version's, with a 200).
+    status, body = http_call(f"http://{server.http}/v2/models/mlp/versions/2/stats")
+    assert status == 404 and "has no version '2'" in body.decode()
+    with pytest.raises(InferenceServerException, match="has no version '2'"):
+        grpc.get_inference_statistics("mlp", "2")
     status, body = http_call(f"http://{server.http}/v2/openapi.json")
     document = json.loads(body)
     assert status == 200 and document["openapi"].startswith("3.")

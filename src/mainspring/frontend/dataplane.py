@@ -113,12 +113,19 @@ class DataPlane:
         config["profile"] = served.profile.to_json()
         return config
 
-    async def model_stats(self, name: str | None = None) -> dict[str, Any]:
+    async def model_stats(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """Statistics of ``name`` (at ``version``, if given), or of every served model."""
+        if name:
+            self.model(name, version)  # unknown model or version: 404 before anything is asked
         names = [name] if name else sorted(self.service.models)
         stats = []
         for model in names:
-            served = self.model(model)
             s = await self.service.model_statistics(model)
+            served = self.service.models.get(model)
+            if served is None:  # unloaded while its statistics were read (a remote frontend's await)
+                if name:
+                    raise InferenceError(404, f"unknown model {name!r}")
+                continue  # asked for every model: the others are still answered
             stats.append({
                 "name": model,
                 "version": str(served.version),

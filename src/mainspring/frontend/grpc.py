@@ -111,7 +111,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
         async def work() -> Any:
-            stats = (await self.plane.model_stats(request.name or None))["model_stats"]
+            stats = (await self.plane.model_stats(request.name or None, request.version or None))["model_stats"]
             return pb.ModelStatisticsResponse(model_stats=[
                 pb.ModelStatistics(
                     name=s["name"], version=s["version"], last_inference=s["last_inference"],

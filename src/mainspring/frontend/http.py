@@ -94,7 +94,7 @@ async def model_config(request: web.Request) -> web.Response:
 
 
 async def model_stats(request: web.Request) -> web.Response:
-    return web.json_response(await _plane(request).model_stats(request.match_info.get("model")))
+    return web.json_response(await _plane(request).model_stats(request.match_info.get("model"), _version(request)))
 
 
 async def repository_index(request: web.Request) -> web.Response:

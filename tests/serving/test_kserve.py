@@ -131,6 +131,56 @@ def test_a_request_that_cannot_meet_its_slo_is_rejected_at_once(
     assert served.as_numpy("logits").shape == (1, 10)
 
 
+def top_classes(logits: np.ndarray, count: int) -> list[list[int]]:
+    return [list(np.argsort(-row, kind="stable")[:count]) for row in logits]
+
+
+def parse_classes(answer: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
+    """Classification elements (``"value:index"``; bytes from binary data) -> the indices and the values."""
+    text = [[e.decode() if isinstance(e, bytes) else e for e in row] for row in answer]
+    pairs = [[element.split(":") for element in row] for row in text]
+    return [[int(i) for _, i in row] for row in pairs], np.array([[float(v) for v, _ in row] for row in pairs])
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_classification_returns_the_top_classes(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient, binary: bool
+) -> None:
+    """Triton's classification extension, as ``tritonclient``'s ``class_count`` asks for it."""
+    data = inputs_for("mlp", 2, seed=3)
+    expected = reference("mlp", data)
+    tensor = httpclient.InferInput("input", [2, 256], "FP32")
+    tensor.set_data_from_numpy(data)
+    wanted = httpclient.InferRequestedOutput("logits", binary_data=binary, class_count=3)
+    answer = http.infer("mlp", [tensor], outputs=[wanted]).as_numpy("logits")
+    assert answer.shape == (2, 3)
+    indices, values = parse_classes(answer)
+    assert indices == top_classes(expected, 3)
+    np.testing.assert_allclose(values, np.take_along_axis(expected, np.array(indices), 1), rtol=1e-4, atol=1e-4)
+    remote = grpcclient.InferInput("input", [2, 256], "FP32")
+    remote.set_data_from_numpy(data)
+    # more classes than the output has: all of them, best first
+    answer = grpc.infer("mlp", [remote], outputs=[grpcclient.InferRequestedOutput("logits", class_count=50)],
+                        client_timeout=60).as_numpy("logits")  # fmt: skip
+    assert answer.shape == (2, 10) and parse_classes(answer)[0] == top_classes(expected, 10)
+    assert "classification" in http.get_server_metadata()["extensions"]
+
+
+def test_grpc_refuses_shared_memory_and_a_bad_class_count(grpc: grpcclient.InferenceServerClient) -> None:
+    tensor = grpcclient.InferInput("input", [1, 256], "FP32")
+    tensor.set_shared_memory("region0", 1024)
+    with pytest.raises(InferenceServerException, match="shared_memory_region is not supported"):
+        grpc.infer("mlp", [tensor], client_timeout=60)
+    tensor = grpcclient.InferInput("input", [1, 256], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 256), np.float32))
+    wanted = grpcclient.InferRequestedOutput("logits")
+    wanted.set_shared_memory("region1", 40)
+    with pytest.raises(InferenceServerException, match="output 'logits': shared_memory_region is not supported"):
+        grpc.infer("mlp", [tensor], outputs=[wanted], client_timeout=60)
+    with pytest.raises(InferenceServerException, match="classification must be a positive integer, got -2"):
+        grpc.infer("mlp", [tensor], outputs=[grpcclient.InferRequestedOutput("logits", class_count=-2)])
+
+
 def post(server: ServerProcess, path: str, document: object) -> tuple[int, str]:
     status, body = http_call(f"http://{server.http}{path}", json.dumps(document).encode())
     return status, json.loads(body)["error"] if status != 200 else body.decode()
@@ -161,6 +211,24 @@ MLP_INPUT = {"name": "input", "datatype": "FP32", "shape": [1, 256], "data": [0.
             "output 'logits' parameters: binary_data must be true or false, got 'false'",
         ),
         ({"inputs": [MLP_INPUT], "parameters": {"binary_data_output": 1}}, "binary_data_output must be true or false"),
+        ({"id": 7, "inputs": [MLP_INPUT]}, "id must be a string, got 7"),
+        (
+            {"inputs": [MLP_INPUT], "outputs": [{"name": "logits", "parameters": {"classification": 0}}]},
+            "output 'logits': classification must be a positive integer, got 0",
+        ),
+        (
+            {"inputs": [MLP_INPUT], "outputs": [{"name": "logits", "parameters": {"classification": "3"}}]},
+            "classification must be a positive integer, got '3'",
+        ),
+        # a client using shared memory anyway sends no data, or expects none back: refused by name
+        (
+            {"inputs": [{**MLP_INPUT, "parameters": {"shared_memory_region": "in0"}}]},
+            "input 'input': shared_memory_region is not supported",
+        ),
+        (
+            {"inputs": [MLP_INPUT], "outputs": [{"name": "logits", "parameters": {"shared_memory_region": "out0"}}]},
+            "output 'logits': shared_memory_region is not supported",
+        ),
     ],
 )
 def test_bad_requests_get_400_naming_the_problem(server: ServerProcess, document: object, fragment: str) -> None:

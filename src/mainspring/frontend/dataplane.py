@@ -19,6 +19,7 @@ import mainspring
 from mainspring.controller.service import ServedModel, ServiceError
 from mainspring.frontend.access import Access
 from mainspring.frontend.errors import InferenceError
+from mainspring.frontend.extensions import classify
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.port import ControllerPort
 from mainspring.models.repository import ModelLoadError, ModelRepository
@@ -26,7 +27,7 @@ from mainspring.protocol import MAX_SLO_MS, Outcome
 from mainspring.protocol.tensors import DATATYPES, shape_matches
 from mainspring.time import NS_PER_MS, NS_PER_US
 
-EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "parameters"]
+EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "parameters", "classification"]
 __all__ = ["HTTP_STATUS", "DataPlane", "InferenceError", "Tensor", "decode_tensor"]
 
 
@@ -203,9 +204,11 @@ class DataPlane:
         name: str,
         version: str | None,
         inputs: Sequence[Tensor],
-        requested: Sequence[str] | None,
+        requested: Mapping[str, int] | None,
         parameters: Mapping[str, Any],
     ) -> tuple[ServedModel, list[Tensor]]:
+        """Run ``inputs`` on model ``name``; ``requested``: the outputs to return, each with the number of
+        classes to return instead of its values (0: the values; ``classification``), or None for all."""
         try:
             served = self.model(name, version)
         except InferenceError:
@@ -231,7 +234,11 @@ class DataPlane:
         for spec in served.config.outputs:
             if spec.name in wanted:
                 data = np.concatenate([output[spec.name] for _, output in answers])
-                outputs.append(Tensor(spec.name, spec.datatype, list(data.shape), data))
+                if wanted[spec.name]:
+                    data = classify(spec.name, data, wanted[spec.name])
+                    outputs.append(Tensor(spec.name, "BYTES", list(data.shape), data))
+                else:
+                    outputs.append(Tensor(spec.name, spec.datatype, list(data.shape), data))
         return served, outputs
 
     @staticmethod
@@ -271,14 +278,14 @@ class DataPlane:
         return batches.pop()
 
     @staticmethod
-    def _check_outputs(served: ServedModel, requested: Sequence[str] | None) -> set[str]:
+    def _check_outputs(served: ServedModel, requested: Mapping[str, int] | None) -> dict[str, int]:
         names = {s.name for s in served.config.outputs}
         if not requested:
-            return names
+            return dict.fromkeys(names, 0)
         for name in requested:
             if name not in names:
                 raise InferenceError(400, f"unknown output {name!r}; model {served.config.name!r} has {sorted(names)}")
-        return set(requested)
+        return dict(requested)
 
     def _slo_ns(self, served: ServedModel, parameters: Mapping[str, Any]) -> int:
         for key, unit in (("slo_ms", NS_PER_MS), ("timeout", NS_PER_US)):

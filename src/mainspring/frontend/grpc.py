@@ -21,6 +21,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from mainspring.frontend.access import UNAUTHORIZED, Access, grpc_scope
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
+from mainspring.frontend.extensions import class_count, refuse_shared_memory, serialize_bytes
 from mainspring.frontend.limits import RequestLimits
 
 log = logging.getLogger(__name__)
@@ -149,16 +150,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             parameters = _parameters(request.parameters)
             inputs = _inputs(request, self.plane.limits)
             self.plane.limits.check_count("outputs", len(request.outputs))
-            requested = [o.name for o in request.outputs] or None
+            requested = {}
+            for output in request.outputs:
+                output_parameters = _parameters(output.parameters)
+                refuse_shared_memory(output_parameters, f"output {output.name[:64]!r}")
+                requested[output.name] = class_count(output_parameters, output.name[:64])
             served, outputs = await self.plane.infer(
-                request.model_name, request.model_version or None, inputs, requested, parameters
+                request.model_name, request.model_version or None, inputs, requested or None, parameters
             )
             reply = pb.ModelInferResponse(
                 model_name=request.model_name, model_version=str(served.version), id=request.id
             )
             for tensor in outputs:
                 reply.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-                reply.raw_output_contents.append(tensor.data.tobytes())
+                raw = serialize_bytes(tensor.data) if tensor.datatype == "BYTES" else tensor.data.tobytes()
+                reply.raw_output_contents.append(raw)
             return reply
 
         return await _guard(context, work)
@@ -171,6 +177,7 @@ def _inputs(request: Any, limits: RequestLimits) -> list[Tensor]:
         raise InferenceError(400, f"{len(raw_contents)} raw_input_contents for {len(request.inputs)} inputs")
     tensors, count = [], 0
     for index, entry in enumerate(request.inputs):
+        refuse_shared_memory(_parameters(entry.parameters), f"input {entry.name[:64]!r}")
         shape = list(entry.shape)
         given = [f.name for f, _ in entry.contents.ListFields()] if entry.HasField("contents") else []
         if raw_contents and given:  # two sources of one tensor's data: which one is meant is unknown

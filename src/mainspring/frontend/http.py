@@ -18,6 +18,7 @@ from mainspring.frontend.access import UNAUTHORIZED, http_scope
 from mainspring.frontend.dashboard import page as dashboard_page
 from mainspring.frontend.dashboard import timeline_seconds
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
+from mainspring.frontend.extensions import class_count, json_bytes, refuse_shared_memory, serialize_bytes
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.openapi import openapi_document
 
@@ -140,23 +141,27 @@ async def infer(request: web.Request) -> web.Response:
     limits = _plane(request).limits
     document = _json_object(header, limits)
     parameters = _dict(document.get("parameters", {}), "parameters")
+    if not isinstance(document.get("id", ""), str):
+        raise InferenceError(400, f"id must be a string, got {document['id']!r}"[:200])
     inputs = _inputs(document.get("inputs"), binary, limits)
     requested = _requested_outputs(document.get("outputs"), limits)
     binary_all = _flag(parameters, "binary_data_output", "parameters")
     model = request.match_info["model"]
-    served, outputs = await _plane(request).infer(model, _version(request), inputs, list(requested) or None, parameters)
+    classes = {name: count for name, (_, count) in requested.items()}
+    served, outputs = await _plane(request).infer(model, _version(request), inputs, classes or None, parameters)
     reply: dict[str, Any] = {"model_name": model, "model_version": str(served.version), "outputs": []}
     if "id" in document:
         reply["id"] = document["id"]
     chunks: list[bytes] = []
     for tensor in outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-        if requested.get(tensor.name, binary_all):
-            raw = tensor.data.tobytes()
+        text_bytes = tensor.datatype == "BYTES"
+        if requested.get(tensor.name, (binary_all, 0))[0]:
+            raw = serialize_bytes(tensor.data) if text_bytes else tensor.data.tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = tensor.data.ravel().tolist()
+            entry["data"] = json_bytes(tensor.data) if text_bytes else tensor.data.ravel().tolist()
         reply["outputs"].append(entry)
     text = msgspec.json.encode(reply)
     if not chunks:
@@ -221,6 +226,7 @@ def _inputs(value: Any, binary: bytes, limits: RequestLimits) -> list[Tensor]:
         if not isinstance(datatype, str):
             raise InferenceError(400, f"input {name!r}: datatype must be a string")
         parameters = _dict(entry.get("parameters", {}), f"input {name!r} parameters")
+        refuse_shared_memory(parameters, f"input {name!r}")
         size = parameters.get("binary_data_size")
         raw = None
         if size is not None:
@@ -236,8 +242,9 @@ def _inputs(value: Any, binary: bytes, limits: RequestLimits) -> list[Tensor]:
     return tensors
 
 
-def _requested_outputs(value: Any, limits: RequestLimits) -> dict[str, bool]:
-    """Requested output names, each with whether it is wanted as binary data."""
+def _requested_outputs(value: Any, limits: RequestLimits) -> dict[str, tuple[bool, int]]:
+    """Requested output names, each with whether it is wanted as binary data and how many classes
+    are asked for instead of its values (0: none; the classification extension)."""
     if value is None:
         return {}
     if not isinstance(value, list):
@@ -250,7 +257,9 @@ def _requested_outputs(value: Any, limits: RequestLimits) -> dict[str, bool]:
         if not isinstance(name, str):
             raise InferenceError(400, f"outputs[{index}].name must be a string")
         parameters = _dict(entry.get("parameters", {}), f"output {name!r} parameters")
-        requested[name] = _flag(parameters, "binary_data", f"output {name!r} parameters")
+        refuse_shared_memory(parameters, f"output {name!r}")
+        binary = _flag(parameters, "binary_data", f"output {name!r} parameters")
+        requested[name] = (binary, class_count(parameters, name))
     return requested
 
 

@@ -120,6 +120,8 @@ def _schemas() -> dict[str, Any]:
         "data": {"type": "array"}, "parameters": {"type": "object", "properties": {
             "binary_data_size": {"type": "integer"}, "binary_data": {"type": "boolean"}}},
     }}]}  # fmt: skip
+    answered = {"allOf": [tensor, {"type": "object", "properties": {  # classification answers in BYTES
+        "datatype": {"type": "string", "enum": [*DATATYPES, "BYTES"]}}}]}  # fmt: skip
     return {
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
         "ServerMetadata": {"type": "object", "properties": {
@@ -139,10 +141,12 @@ def _schemas() -> dict[str, Any]:
                 "binary_data_output": {"type": "boolean"}}},
             "inputs": {"type": "array", "items": tensor},
             "outputs": {"type": "array", "items": {"type": "object", "properties": {
-                "name": {"type": "string"}, "parameters": {"type": "object"}}}}}},
+                "name": {"type": "string"}, "parameters": {"type": "object", "properties": {
+                    "binary_data": {"type": "boolean"},
+                    "classification": {"type": "integer", "minimum": 1, "description": "top classes instead"}}}}}}}},
         "InferResponse": {"type": "object", "properties": {
             "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
-            "outputs": {"type": "array", "items": tensor}}},
+            "outputs": {"type": "array", "items": answered}}},
     }  # fmt: skip
 
 

@@ -1,0 +1,68 @@
+"""Protocol extensions beyond KServe v2's core: Triton's classification (served) and shared memory (refused).
+
+Classification:
+An output requested with the parameter ``classification: N`` is returned as its top N classes
+instead of its values: a BYTES tensor of shape [batch, N] whose elements read ``"<value>:<index>"``,
+highest value first (Triton adds ``:<label>`` from a label file; Mainspring's configs have none).
+The values after the batch dimension are the classes; N above their number returns them all.
+
+Shared memory (``shared_memory_region`` on an input or output): the server does not list the
+extensions, and a client that uses them anyway sends no data or expects none back; refused by name
+rather than answered with data it did not ask for.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mainspring.frontend.errors import InferenceError
+
+PARAMETER = "classification"
+SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def refuse_shared_memory(parameters: Mapping[str, Any], where: str) -> None:
+    """400 for a tensor placed in shared memory: Mainspring takes and returns tensors in the request."""
+    used = [key for key in SHARED_MEMORY if key in parameters]
+    if used:
+        raise InferenceError(400, f"{where}: {used[0]} is not supported (no shared-memory extension): "
+                                  "send the tensor in the request")  # fmt: skip
+
+
+def class_count(parameters: Mapping[str, Any], output: str) -> int:
+    """The ``classification`` parameter of a requested output: how many classes (0: not asked)."""
+    if PARAMETER not in parameters:
+        return 0
+    count = parameters[PARAMETER]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InferenceError(400, f"output {output!r}: {PARAMETER} must be a positive integer, got {count!r}")
+    return count
+
+
+def classify(output: str, data: np.ndarray[Any, Any], count: int) -> np.ndarray[Any, Any]:
+    """The top ``count`` classes of each sample of ``data`` ([batch, ...]), as ``b"value:index"``."""
+    if data.dtype.kind not in "biuf":
+        raise InferenceError(400, f"output {output!r}: {PARAMETER} needs a numeric output, not {data.dtype}")
+    scores = data.reshape(len(data), -1)
+    count = min(count, scores.shape[1])
+    order = np.argsort(-scores.astype(np.float64), axis=1, kind="stable")[:, :count]  # ties: the lower index first
+    labels = [
+        [f"{scores[row, index].item()}:{index}".encode() for index in indices] for row, indices in enumerate(order)
+    ]
+    result = np.empty((len(scores), count), dtype=object)
+    result[:] = labels
+    return result
+
+
+def serialize_bytes(data: np.ndarray[Any, Any]) -> bytes:
+    """A BYTES tensor as the protocol's binary form: each element a 4-byte little-endian length, then its bytes."""
+    return b"".join(struct.pack("<I", len(element)) + element for element in data.ravel())
+
+
+def json_bytes(data: np.ndarray[Any, Any]) -> list[str]:
+    """A BYTES tensor's elements as JSON strings (the HTTP protocol's ``data`` of a BYTES tensor)."""
+    return [element.decode("utf-8", errors="replace") for element in data.ravel()]

@@ -4,11 +4,14 @@ leave the repository, and a worker must hold the secret to join. Real processes 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import queue
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -99,6 +102,17 @@ def test_the_token_guards_everything_but_health(server: ServerProcess) -> None:
     assert "UNAUTHENTICATED" in str(unauthenticated.value.status())
     answer = grpc.infer("mlp", [grpc_tensor], headers={"authorization": f"Bearer {TOKEN}"})
     assert answer.as_numpy("logits").shape == (1, 10)
+    for headers in (None, {"authorization": f"Bearer {TOKEN}"}):  # the stream too: refused, then answered
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        grpc.start_stream(callback=lambda result, error, put=answers.put: put((result, error)), headers=headers)
+        with contextlib.suppress(InferenceServerException):  # a refused stream may be closed already
+            grpc.async_stream_infer("mlp", [grpc_tensor], request_id="s")
+        result, error = answers.get(timeout=60)
+        grpc.stop_stream()
+        if headers is None:
+            assert result is None and "UNAUTHENTICATED" in str(error)
+        else:
+            assert error is None and result.as_numpy("logits").shape == (1, 10)
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -164,6 +166,37 @@ def test_classification_returns_the_top_classes(
                         client_timeout=60).as_numpy("logits")  # fmt: skip
     assert answer.shape == (2, 10) and parse_classes(answer)[0] == top_classes(expected, 10)
     assert "classification" in http.get_server_metadata()["extensions"]
+
+
+def test_a_grpc_stream_answers_every_request_once(grpc: grpcclient.InferenceServerClient) -> None:
+    """``tritonclient``'s ``async_stream_infer``: requests run side by side and each is answered once,
+    a refused one with its error, in whatever order they finish."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    sent = {}
+    for i in range(12):
+        data = inputs_for("mlp", 1 + i % 3, seed=i)
+        tensor = grpcclient.InferInput("input", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        grpc.async_stream_infer("mlp", [tensor], request_id=f"r{i}")
+        sent[f"r{i}"] = data
+    wrong = grpcclient.InferInput("input", [1, 100], "FP32")
+    wrong.set_data_from_numpy(np.zeros((1, 100), np.float32))
+    grpc.async_stream_infer("mlp", [wrong], request_id="wrong")
+    grpc.async_stream_infer("vgg", [wrong], request_id="unknown")
+    served, errors = {}, []
+    for _ in range(14):
+        result, error = answers.get(timeout=60)
+        if error is not None:
+            errors.append(error.message())
+        else:
+            served[result.get_response().id] = result.as_numpy("logits")
+    grpc.stop_stream()
+    assert answers.empty()  # nothing answered twice
+    assert sorted(served) == sorted(sent)
+    for request_id, data in sent.items():
+        np.testing.assert_allclose(served[request_id], reference("mlp", data), rtol=1e-4, atol=1e-4)
+    assert sorted(errors) == ["input 'input': shape [1, 100] does not match [-1, 256]", "unknown model 'vgg'"]
 
 
 def test_grpc_refuses_shared_memory_and_a_bad_class_count(grpc: grpcclient.InferenceServerClient) -> None:

@@ -9,8 +9,9 @@ data plane's status to gRPC codes once, here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -146,28 +147,71 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         return await _guard(context, work)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        async def work() -> Any:
-            parameters = _parameters(request.parameters)
-            inputs = _inputs(request, self.plane.limits)
-            self.plane.limits.check_count("outputs", len(request.outputs))
-            requested = {}
-            for output in request.outputs:
-                output_parameters = _parameters(output.parameters)
-                refuse_shared_memory(output_parameters, f"output {output.name[:64]!r}")
-                requested[output.name] = class_count(output_parameters, output.name[:64])
-            served, outputs = await self.plane.infer(
-                request.model_name, request.model_version or None, inputs, requested or None, parameters
-            )
-            reply = pb.ModelInferResponse(
-                model_name=request.model_name, model_version=str(served.version), id=request.id
-            )
-            for tensor in outputs:
-                reply.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-                raw = serialize_bytes(tensor.data) if tensor.datatype == "BYTES" else tensor.data.tobytes()
-                reply.raw_output_contents.append(raw)
-            return reply
+        return await _guard(context, lambda: self._infer(request))
 
-        return await _guard(context, work)
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        """Triton's bidirectional stream (``tritonclient``'s ``async_stream_infer``): the requests run
+        side by side, each answered on the stream once done (the client matches answers by id), a
+        failure as that answer's ``error_message``. Every request read is answered before the stream ends."""
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+        outstanding, read_all = 0, False
+
+        async def answer(request: Any) -> None:
+            try:
+                reply = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+            except Exception as error:
+                if not isinstance(error, InferenceError):
+                    log.exception("internal error in a gRPC stream")
+                message = error.message if isinstance(error, InferenceError) else f"internal error: {error!r}"
+                response = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+                reply = pb.ModelStreamInferResponse(error_message=message, infer_response=response)
+            await answers.put(reply)
+
+        async def read() -> None:
+            nonlocal outstanding
+            try:
+                async for request in requests:
+                    outstanding += 1
+                    task = asyncio.create_task(answer(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            finally:
+                await answers.put(None)  # no more requests: end once the last is answered
+
+        reader = asyncio.create_task(read())
+        try:
+            while not (read_all and outstanding == 0):
+                reply = await answers.get()
+                if reply is None:
+                    read_all = True
+                    continue
+                outstanding -= 1
+                yield reply
+        finally:  # the client went away: nobody is left to answer
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    async def _infer(self, request: Any) -> Any:
+        """One ``ModelInferRequest`` through the data plane; ``InferenceError`` for a refusal."""
+        parameters = _parameters(request.parameters)
+        inputs = _inputs(request, self.plane.limits)
+        self.plane.limits.check_count("outputs", len(request.outputs))
+        requested = {}
+        for output in request.outputs:
+            output_parameters = _parameters(output.parameters)
+            refuse_shared_memory(output_parameters, f"output {output.name[:64]!r}")
+            requested[output.name] = class_count(output_parameters, output.name[:64])
+        served, outputs = await self.plane.infer(
+            request.model_name, request.model_version or None, inputs, requested or None, parameters
+        )
+        reply = pb.ModelInferResponse(model_name=request.model_name, model_version=str(served.version), id=request.id)
+        for tensor in outputs:
+            reply.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+            raw = serialize_bytes(tensor.data) if tensor.datatype == "BYTES" else tensor.data.tobytes()
+            reply.raw_output_contents.append(raw)
+        return reply
 
 
 def _inputs(request: Any, limits: RequestLimits) -> list[Tensor]:
@@ -215,6 +259,8 @@ class _Authorize(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
 
+        if details.method.endswith("/ModelStreamInfer"):  # a stream's handler must be a stream's
+            return grpc.stream_stream_rpc_method_handler(refuse)
         return grpc.unary_unary_rpc_method_handler(refuse)
 
 

@@ -85,6 +85,16 @@ def test_health_and_metadata(http: httpclient.InferenceServerClient, grpc: grpcc
     assert grpc.get_model_metadata("bert_tiny").inputs[0].datatype == "INT64"
     assert http.is_model_ready("mlp") and grpc.is_model_ready("mlp", "1") and not http.is_model_ready("mlp", "7")
     assert grpc.get_model_config("mlp").config.max_batch_size == 8
+    # Triton's config fields over HTTP too (code written for Triton reads config["input"]), equal to gRPC's
+    triton = {"name": "mlp", "platform": "pytorch_torch_export", "max_batch_size": 8,
+              "input": [{"name": "input", "data_type": "TYPE_FP32", "dims": [256]}],
+              "output": [{"name": "logits", "data_type": "TYPE_FP32", "dims": [10]}],
+              "dynamic_batching": {"preferred_batch_size": [1, 2, 4, 8]}}  # fmt: skip
+    config = http.get_model_config("mlp")
+    assert {key: config[key] for key in triton} == triton
+    over_grpc = grpc.get_model_config("mlp", as_json=True)["config"]
+    assert [int(d) for d in over_grpc["input"][0]["dims"]] == [256]
+    assert over_grpc["dynamic_batching"]["preferred_batch_size"] == [1, 2, 4, 8]
 
 
 @pytest.mark.parametrize("model", ["mlp", "resnet18", "bert_tiny"])

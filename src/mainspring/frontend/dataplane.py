@@ -112,6 +112,16 @@ class DataPlane:
         config["max_batch_size"] = served.config.max_batch
         config["default_slo_ms"] = served.config.slo_ms or self.service.default_slo_ns / NS_PER_MS
         config["profile"] = served.profile.to_json()
+
+        # Triton's fields beside ours, so that code written against Triton's config reads it
+        # (e.g. ``config["input"][0]["data_type"]``); its dims leave out the batch dimension.
+        def triton(tensors: Sequence[Any]) -> list[dict[str, Any]]:
+            return [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.shape[1:])} for t in tensors]
+
+        config["platform"] = f"pytorch_{served.config.format}"
+        config["input"] = triton(served.config.inputs)
+        config["output"] = triton(served.config.outputs)
+        config["dynamic_batching"] = {"preferred_batch_size": list(served.config.batch_sizes)}
         return config
 
     async def model_stats(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:

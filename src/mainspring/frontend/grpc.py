@@ -99,14 +99,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         async def work() -> Any:
             config = self.plane.model_config(request.name, request.version or None)
 
-            def dims(t: dict[str, Any]) -> dict[str, Any]:
-                return {"name": t["name"], "data_type": mc.DataType.Value(f"TYPE_{t['datatype']}"),
-                        "dims": t["shape"][1:]}  # fmt: skip
+            def tensor(t: dict[str, Any]) -> dict[str, Any]:  # the data plane's Triton fields, as the enum
+                return {**t, "data_type": mc.DataType.Value(t["data_type"])}
 
             return pb.ModelConfigResponse(config=mc.ModelConfig(
-                name=config["name"], platform=f"pytorch_{config['format']}", max_batch_size=config["max_batch_size"],
-                input=[mc.ModelInput(**dims(t)) for t in config["inputs"]],
-                output=[mc.ModelOutput(**dims(t)) for t in config["outputs"]],
+                name=config["name"], platform=config["platform"], max_batch_size=config["max_batch_size"],
+                input=[mc.ModelInput(**tensor(t)) for t in config["input"]],
+                output=[mc.ModelOutput(**tensor(t)) for t in config["output"]],
+                dynamic_batching=mc.ModelDynamicBatching(**config["dynamic_batching"]),
             ))  # fmt: skip
 
         return await _guard(context, work)

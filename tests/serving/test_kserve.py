@@ -209,7 +209,8 @@ def test_a_grpc_stream_answers_every_request_once(grpc: grpcclient.InferenceServ
     assert sorted(errors) == ["input 'input': shape [1, 100] does not match [-1, 256]", "unknown model 'vgg'"]
 
 
-def test_grpc_refuses_shared_memory_and_a_bad_class_count(grpc: grpcclient.InferenceServerClient) -> None:
+def test_grpc_refuses_what_it_cannot_honour(grpc: grpcclient.InferenceServerClient) -> None:
+    """Shared memory, a sequence (a stateful model's request) and a bad class count: each named."""
     tensor = grpcclient.InferInput("input", [1, 256], "FP32")
     tensor.set_shared_memory("region0", 1024)
     with pytest.raises(InferenceServerException, match="shared_memory_region is not supported"):
@@ -220,6 +221,9 @@ def test_grpc_refuses_shared_memory_and_a_bad_class_count(grpc: grpcclient.Infer
     wanted.set_shared_memory("region1", 40)
     with pytest.raises(InferenceServerException, match="output 'logits': shared_memory_region is not supported"):
         grpc.infer("mlp", [tensor], outputs=[wanted], client_timeout=60)
+    with pytest.raises(InferenceServerException, match="parameter 'sequence_id': sequences are not supported"):
+        grpc.infer("mlp", [tensor], sequence_id=42, sequence_start=True, client_timeout=60)
+    assert grpc.infer("mlp", [tensor], client_timeout=60).as_numpy("logits").shape == (1, 10)  # sequence_id 0: none
     with pytest.raises(InferenceServerException, match="classification must be a positive integer, got -2"):
         grpc.infer("mlp", [tensor], outputs=[grpcclient.InferRequestedOutput("logits", class_count=-2)])
 
@@ -255,6 +259,10 @@ MLP_INPUT = {"name": "input", "datatype": "FP32", "shape": [1, 256], "data": [0.
         ),
         ({"inputs": [MLP_INPUT], "parameters": {"binary_data_output": 1}}, "binary_data_output must be true or false"),
         ({"id": 7, "inputs": [MLP_INPUT]}, "id must be a string, got 7"),
+        (
+            {"inputs": [MLP_INPUT], "parameters": {"sequence_id": 3}},
+            "parameter 'sequence_id': sequences are not supported",
+        ),
         (
             {"inputs": [MLP_INPUT], "outputs": [{"name": "logits", "parameters": {"classification": 0}}]},
             "output 'logits': classification must be a positive integer, got 0",

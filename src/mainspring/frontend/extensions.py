@@ -6,6 +6,10 @@ instead of its values: a BYTES tensor of shape [batch, N] whose elements read ``
 highest value first (Triton adds ``:<label>`` from a label file; Mainspring's configs have none).
 The values after the batch dimension are the classes; N above their number returns them all.
 
+Sequences (``sequence_id``, ``sequence_start``, ``sequence_end``): no model here keeps state
+between requests (``sequence_batching`` configs are refused), so a request that names a sequence
+would be answered as if alone; refused instead. ``tritonclient`` sends none unless asked.
+
 Shared memory (``shared_memory_region`` on an input or output): the server does not list the
 extensions, and a client that uses them anyway sends no data or expects none back; refused by name
 rather than answered with data it did not ask for.
@@ -22,6 +26,7 @@ import numpy as np
 from mainspring.frontend.errors import InferenceError
 
 PARAMETER = "classification"
+SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
 SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
@@ -31,6 +36,14 @@ def refuse_shared_memory(parameters: Mapping[str, Any], where: str) -> None:
     if used:
         raise InferenceError(400, f"{where}: {used[0]} is not supported (no shared-memory extension): "
                                   "send the tensor in the request")  # fmt: skip
+
+
+def refuse_sequence(parameters: Mapping[str, Any]) -> None:
+    """400 for a request that is part of a sequence (a stateful model's): none is served here."""
+    for key in SEQUENCE:
+        if parameters.get(key) not in (None, 0, "", False):
+            raise InferenceError(400, f"parameter {key!r}: sequences are not supported (no model here keeps "
+                                      "state between requests)")  # fmt: skip
 
 
 def class_count(parameters: Mapping[str, Any], output: str) -> int:

@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from typing import Any
 
 import zmq
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger(__name__)
 
 SECRET_ENV = "MAINSPRING_WORKER_SECRET"
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+HANDSHAKE_LOG_EVERY_S = 10.0  # a worker retrying with the wrong secret is reported this often, with a count
 
 
 def curve_pair(secret: str, role: str) -> tuple[bytes, bytes]:
@@ -61,3 +67,25 @@ def secure_worker(socket: zmq.Socket[Any], secret: str) -> None:
     socket.curve_serverkey = curve_pair(secret, "controller")[0]
     socket.curve_publickey = public
     socket.curve_secretkey = private
+
+
+async def report_failed_handshakes(monitor: zmq.asyncio.Socket, endpoint: str, has_secret: bool) -> None:
+    """Log connections to the controller that fail their handshake (``monitor``: the socket's
+    ``HANDSHAKE_FAILED`` events). A worker whose secret differs, or that has one where the
+    controller has none (or the reverse), is otherwise refused in silence on both sides."""
+    failed, last_logged = 0, float("-inf")
+    while True:
+        event = parse_monitor_message(await monitor.recv_multipart())
+        failed += 1
+        if time.monotonic() - last_logged < HANDSHAKE_LOG_EVERY_S:
+            continue
+        if event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            cause = ("the connecting side has no worker secret; this controller has one" if has_secret
+                     else "the connecting side has a worker secret; this controller has none")  # fmt: skip
+        elif event["value"] == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+            cause = "its worker secret is not this controller's"
+        else:
+            cause = f"{zmq.Event(event['event']).name}, {event['value']}"
+        log.warning("a connection to %s failed the handshake (%d since the last such warning): %s (%s)",
+                    endpoint, failed, cause, SECRET_ENV)  # fmt: skip
+        failed, last_logged = 0, time.monotonic()

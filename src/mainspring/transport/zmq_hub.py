@@ -36,7 +36,7 @@ from mainspring.transport.messages import (
     encode,
     metas_of,
 )
-from mainspring.transport.security import secure_controller
+from mainspring.transport.security import HANDSHAKE_FAILED, report_failed_handshakes, secure_controller
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class WorkerHub:
         self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._secret = secret
         self._authenticator: AsyncioAuthenticator | None = None
+        self._monitor: zmq.asyncio.Socket | None = None  # handshake failures (``report_failed_handshakes``)
         self._workers: dict[bytes, RemoteWorker] = {}
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -112,7 +113,9 @@ class WorkerHub:
             self._socket.bind(self.address)
         except zmq.ZMQError as error:
             raise OSError(f"cannot listen for workers on {self.address}: {error.strerror}") from None
-        self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._heartbeat())]
+        self._monitor = self._socket.get_monitor_socket(HANDSHAKE_FAILED)
+        watch = report_failed_handshakes(self._monitor, self.endpoint, bool(self._secret))
+        self._tasks = [asyncio.create_task(c) for c in (self._receive(), self._heartbeat(), watch)]
         log.info("waiting for workers on %s", self.endpoint)
 
     async def close(self, reason: str = "controller shutting down") -> None:
@@ -125,6 +128,9 @@ class WorkerHub:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._monitor is not None:
+            self._socket.disable_monitor()
+            self._monitor.close()
         self._socket.close()
         if self._authenticator is not None:
             self._authenticator.stop()

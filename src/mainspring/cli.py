@@ -172,7 +172,11 @@ def _run_analyze(args: argparse.Namespace) -> int:
     if not found:
         raise CliError(f"{args.log_dir} holds no <run>-requests.tsv with its <run>-actions.tsv")
     for run in found:
-        print(format_analysis(analyze(args.log_dir, run), args.top))
+        try:
+            analysis = analyze(args.log_dir, run)
+        except ValueError as error:  # LogError names the line; a value that is no number, the run
+            raise CliError(f"run {run!r} in {args.log_dir}: {error}") from None
+        print(format_analysis(analysis, args.top))
     return 0
 
 

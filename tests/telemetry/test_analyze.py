@@ -110,3 +110,27 @@ def test_the_command_reads_a_folder_of_runs(tmp_path: Path, capsys: pytest.Captu
     assert "12 requests, 11 missed the SLO" in out and "expired in queue: while its model was loading" in out
     with pytest.raises(SystemExit):
         main(["analyze", str(tmp_path / "none")])
+
+
+def test_a_log_cut_short_at_its_end_is_read_and_a_damaged_one_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server stopped mid-write leaves a partial last line: read without it, and said. A damaged
+    line elsewhere, a file of another kind or a value that is no number is an error naming it
+    (each was a traceback, or a silent "0 requests")."""
+    write(tmp_path, "cut")
+    requests = tmp_path / "cut-requests.tsv"
+    whole = requests.read_text()
+    requests.write_text(whole + "13\tmodel-a\t5")
+    assert analyze(tmp_path, "cut").requests == 12
+    assert "cut-requests.tsv: its last line (14) is cut short" in caplog.text
+    for damaged, message in (
+        (whole.replace("\n", "\n13\tmodel-a\t5\n", 2), "cut-requests.tsv: line 2 has 3 of 10 fields"),
+        ("garbage\nmore garbage\n", "cut-requests.tsv: not a mainspring log (no column request_id"),
+        (whole.replace("\t100000000\t", "\tsoon\t", 1), "invalid literal for int() with base 10: 'soon'"),
+    ):
+        requests.write_text(damaged)
+        with pytest.raises(SystemExit):
+            main(["analyze", str(tmp_path)])
+        error = capsys.readouterr().err
+        assert f"run 'cut' in {tmp_path}" in error and message in error and "Traceback" not in error, error

@@ -25,14 +25,20 @@ from __future__ import annotations
 import bisect
 import collections
 import csv
+import logging
 import re
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from mainspring.telemetry.recorder import ACTION_COLUMNS, REQUEST_COLUMNS
 from mainspring.time import ns_to_ms
+
+log = logging.getLogger(__name__)
 
 SUCCESS = "success"
 
@@ -76,9 +82,33 @@ class Analysis:
         return self.requests - self.good
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
+class LogError(ValueError):
+    """A log that is not one ``mainspring`` wrote, or is damaged; the message names the file and line."""
+
+
+def _rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    """The rows of a TSV log with ``columns``. A last line cut short (a server stopped mid-write) is
+    left out; a short line elsewhere, or a missing column, is a ``LogError``."""
     with path.open(newline="") as handle:
-        return list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+        reader = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+        missing = [column for column in columns if column not in (reader.fieldnames or ())]
+        if missing:
+            raise LogError(f"{path}: not a mainspring log (no column {', '.join(missing)})")
+        rows: list[dict[str, str]] = []
+        short = 0
+        for row in reader:
+            if short:
+                raise LogError(f"{path}: line {short} has {_fields(rows[-1])} of {len(columns)} fields")
+            if None in row.values() or None in row:
+                short = reader.line_num
+            rows.append(row)
+        if short:
+            log.warning("%s: its last line (%d) is cut short, as when a server stops mid-write: left out", path, short)
+        return rows[:-1] if short else rows
+
+
+def _fields(row: Mapping[Any, object]) -> int:
+    return sum(value is not None for key, value in row.items() if key is not None)
 
 
 def runs(directory: Path) -> list[str]:
@@ -89,8 +119,12 @@ def runs(directory: Path) -> list[str]:
 
 def read_run(directory: Path, run: str) -> tuple[list[dict[str, str]], dict[int, dict[str, str]]]:
     """A run's request log, and its action log by action id (rows as the TSV's text)."""
-    requests = _rows(directory / f"{run}-requests.tsv")
-    return requests, {int(a["action_id"]): a for a in _rows(directory / f"{run}-actions.tsv")}
+    requests = _rows(directory / f"{run}-requests.tsv", REQUEST_COLUMNS)
+    actions = _rows(directory / f"{run}-actions.tsv", ACTION_COLUMNS)
+    try:
+        return requests, {int(a["action_id"]): a for a in actions}
+    except ValueError:
+        raise LogError(f"{directory / f'{run}-actions.tsv'}: an action_id that is not a number") from None
 
 
 def analyze(directory: Path, run: str) -> Analysis:

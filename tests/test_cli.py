@@ -10,6 +10,7 @@ import pytest
 from mainspring.cli import build_parser, main
 from mainspring.cli_workload import duration_s
 from mainspring.scheduler.registry import parse_policies
+from mainspring.time import s_to_ns
 
 SMALL = ["simulate", "--models", "200", "--devices", "2", "--duration-s", "20", "--trace-scale", "20", "--quiet"]
 
@@ -65,6 +66,8 @@ def test_simulate_writes_table_json_plots_and_logs(tmp_path: Path, capsys: pytes
         (["--plot", "/proc/mainspring-plots"], "--plot /proc/mainspring-plots: cannot write there"),
         (["--log-dir", "/proc/mainspring-logs"], "--log-dir /proc/mainspring-logs: cannot write there"),
         (["--json", "/"], "--json /: cannot write there: is a folder, not a file"),
+        # a rate mistyped by orders of magnitude: refused at once (it filled the memory first)
+        (["--workload", "poisson", "--rate", "1e12"], "--rate 1e+12 for 20 s is 2e+13 requests; a run holds at most"),
     ],
 )
 def test_bad_flags_give_one_clear_line(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,3 +158,17 @@ def test_bench_refuses_bad_flags_before_it_sends(
         main(["bench", "--url", "127.0.0.1:9", "--duration-s", "1", *extra])  # nothing listens on port 9
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_workload_past_what_one_run_holds_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any workload (here the Azure trace at a huge scale), counted as it is generated."""
+    from mainspring.models.profile import builtin_profiles, model_copies
+    from mainspring.sim import run
+    from mainspring.workload import AzureTrace
+
+    monkeypatch.setattr(run, "MAX_ARRIVALS", 500)
+    config = run.SimulationConfig(duration_ns=s_to_ns(60), devices=1)
+    models = model_copies(builtin_profiles(), 100)
+    with pytest.raises(ValueError, match="asks for more than 500 requests in 60 s"):
+        run.generate_arrivals(AzureTrace(scale=1000.0), models, config)
+    assert len(run.generate_arrivals(AzureTrace(scale=0.01), models, config)) <= 500

@@ -17,7 +17,7 @@ from mainspring.protocol import MAX_SLO_MS
 from mainspring.protocol.pages import MIB
 from mainspring.scheduler.registry import SETTABLE, clockwork_config, parse_policies, policy_names
 from mainspring.settings import key_values
-from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
+from mainspring.sim.run import MAX_ARRIVALS, SimulationConfig, SimulationResult, generate_arrivals, simulate
 from mainspring.telemetry.report import format_table
 from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
 from mainspring.worker.runtimes.emulated import NoiseModel
@@ -124,6 +124,10 @@ def _run_simulate(args: argparse.Namespace) -> int:
     workload = workload_from(args)
     profiles = _profiles(args)
     prepare_outputs({"--json": args.json}, {"--log-dir": args.log_dir, "--plot": args.plot})
+    expected = args.rate * config.arrival_window_ns / NS_PER_S
+    if args.workload in ("poisson", "slo-sweep") and expected > MAX_ARRIVALS:  # said at once, not after 2 GB
+        raise CliError(f"--rate {args.rate:g} for {duration_s(args):g} s is {expected:.3g} requests; "
+                       f"a run holds at most {MAX_ARRIVALS:,}")  # fmt: skip
     arrivals = generate_arrivals(workload, profiles, config)
     results: dict[str, SimulationResult] = {}
     for policy in policies:

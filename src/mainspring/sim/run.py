@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -22,6 +23,9 @@ from mainspring.telemetry.report import RunReport, build_report
 from mainspring.time import NS_PER_MS, NS_PER_S
 from mainspring.worker.runtimes.emulated import EmulatedDevice, NoiseModel
 from mainspring.workload.base import Arrival, Workload
+
+# About 2 GB of arrivals; a 10-minute Azure replay at 680 r/s is 0.4 M, a million-request run 1 M.
+MAX_ARRIVALS = 20_000_000
 
 
 @dataclass(frozen=True)
@@ -185,8 +189,16 @@ def _seed(seed: int, purpose: str) -> int:
 
 
 def generate_arrivals(workload: Workload, profiles: Sequence[ModelProfile], config: SimulationConfig) -> list[Arrival]:
-    """The arrival sequence for a seed: generate once, replay for every policy."""
-    return list(workload.arrivals(profiles, config.arrival_window_ns, random.Random(_seed(config.seed, "workload"))))
+    """The arrival sequence for a seed: generate once, replay for every policy. More than
+    ``MAX_ARRIVALS`` is a ``ValueError`` (a rate or scale mistyped by orders of magnitude would
+    otherwise fill the memory before the first simulated second)."""
+    rng = random.Random(_seed(config.seed, "workload"))
+    arrivals = list(itertools.islice(workload.arrivals(profiles, config.arrival_window_ns, rng), MAX_ARRIVALS + 1))
+    if len(arrivals) > MAX_ARRIVALS:
+        seconds = config.arrival_window_ns / NS_PER_S
+        raise ValueError(f"the workload asks for more than {MAX_ARRIVALS:,} requests in {seconds:g} s, more than "
+                         "one run holds: lower the rate (or trace scale) or the duration")  # fmt: skip
+    return arrivals
 
 
 def simulate(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from mainspring.models.profile import ModelProfile
@@ -31,6 +32,15 @@ def test_round_trip_and_the_latest_version_is_served(tmp_path: Path) -> None:
     assert repo.models() == ["m"] and repo.versions("m") == [1, 3]
     assert repo.config("m").batch_sizes == (1, 4, 8) and repo.config("m", 1).batch_sizes == (1, 2)
     assert repo.config("m").inputs == IMAGE
+
+
+def test_a_config_json_may_name_the_classes_of_an_output(tmp_path: Path) -> None:
+    labelled = (TensorSpec("logits", "FP32", (-1, 3), labels=("cat", "dog", "bird")),)
+    ModelRepository(tmp_path).write(config(outputs=labelled), version=1)
+    written = json.loads((tmp_path / "m" / "1" / "config.json").read_text())
+    assert written["outputs"][0]["labels"] == ["cat", "dog", "bird"]
+    assert ModelRepository(tmp_path).config("m").outputs[0].labels == ("cat", "dog", "bird")
+    assert "labels" not in json.dumps(msgspec.to_builtins(config()))  # none: nothing written
 
 
 def test_profiles_are_kept_per_device_kind(tmp_path: Path) -> None:

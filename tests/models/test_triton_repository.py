@@ -23,6 +23,7 @@ def test_supported_configs_become_model_configs(triton_repo: ModelRepository) ->
         ("x", "FP32", (-1, 16)),
         ("y", "FP32", (-1, 4)),
     ]
+    assert mlp.outputs[0].labels == ("cat", "dog", "bird", "fish")  # label_filename, for classification
     fixed = triton_repo.config("onnx_fixed")  # no name (the folder's), backend, default_model_filename
     assert (fixed.name, fixed.file, fixed.batch_sizes) == ("onnx_fixed", "fixed.onnx", (1,))  # the graph fixes 1
     torch_mlp = triton_repo.config("torch_mlp")
@@ -76,3 +77,14 @@ def test_mainspring_profile_measures_a_triton_repository(triton_repo: ModelRepos
     (profile,) = triton_repo.profiles("onnx_mlp")
     assert profile.device_kind == "cpu" and set(profile.exec_ns) == {1, 2, 4, 8}
     assert (triton_repo.root / "onnx_mlp" / "1" / "profile.json").is_file()
+
+
+def test_a_label_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "repo" / "labelled"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "missing.txt" } ]\n'
+    )
+    with pytest.raises(ModelLoadError, match=r"output 'y': cannot read label_filename 'missing\.txt'"):
+        ModelRepository(tmp_path / "repo").config("labelled")

@@ -82,6 +82,13 @@ def test_a_triton_repository_is_served_and_its_refusals_listed(tmp_path: Path) -
         tensor.set_data_from_numpy(x)
         (expected,) = run_onnx(repo.model_file("onnx_mlp"), {"x": x})
         np.testing.assert_allclose(http.infer("onnx_mlp", [tensor]).as_numpy("y"), expected, rtol=1e-5, atol=1e-6)
+        # classification names the classes from the config's label_filename, as Triton does
+        wanted = httpclient.InferRequestedOutput("y", class_count=2)
+        top = http.infer("onnx_mlp", [tensor], outputs=[wanted]).as_numpy("y")
+        labels = ["cat", "dog", "bird", "fish"]
+        for row, answer in zip(expected, top, strict=True):
+            best = np.argsort(-row, kind="stable")[:2]
+            assert [e.decode().split(":")[1:] for e in answer] == [[str(i), labels[i]] for i in best]
         http.unload_model("onnx_mlp")  # the repository API on a Triton layout
         assert not http.is_model_ready("onnx_mlp")
         http.load_model("onnx_mlp")

@@ -246,7 +246,7 @@ class DataPlane:
             if spec.name in wanted:
                 data = np.concatenate([output[spec.name] for _, output in answers])
                 if wanted[spec.name]:
-                    data = classify(spec.name, data, wanted[spec.name])
+                    data = classify(spec.name, data, wanted[spec.name], spec.labels)
                     outputs.append(Tensor(spec.name, "BYTES", list(data.shape), data))
                 else:
                     outputs.append(Tensor(spec.name, spec.datatype, list(data.shape), data))

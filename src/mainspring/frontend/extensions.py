@@ -3,7 +3,7 @@
 Classification:
 An output requested with the parameter ``classification: N`` is returned as its top N classes
 instead of its values: a BYTES tensor of shape [batch, N] whose elements read ``"<value>:<index>"``,
-highest value first (Triton adds ``:<label>`` from a label file; Mainspring's configs have none).
+highest value first, with ``:<label>`` where the output has labels (Triton's ``label_filename``).
 The values after the batch dimension are the classes; N above their number returns them all.
 
 Sequences (``sequence_id``, ``sequence_start``, ``sequence_end``): no model here keeps state
@@ -18,7 +18,7 @@ rather than answered with data it did not ask for.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,18 +56,20 @@ def class_count(parameters: Mapping[str, Any], output: str) -> int:
     return count
 
 
-def classify(output: str, data: np.ndarray[Any, Any], count: int) -> np.ndarray[Any, Any]:
-    """The top ``count`` classes of each sample of ``data`` ([batch, ...]), as ``b"value:index"``."""
+def classify(output: str, data: np.ndarray[Any, Any], count: int, labels: Sequence[str] = ()) -> np.ndarray[Any, Any]:
+    """The top ``count`` classes of each sample of ``data`` ([batch, ...]), as ``b"value:index"``, or
+    ``b"value:index:label"`` for a class that ``labels`` names."""
     if data.dtype.kind not in "biuf":
         raise InferenceError(400, f"output {output!r}: {PARAMETER} needs a numeric output, not {data.dtype}")
     scores = data.reshape(len(data), -1)
     count = min(count, scores.shape[1])
     order = np.argsort(-scores.astype(np.float64), axis=1, kind="stable")[:, :count]  # ties: the lower index first
-    labels = [
-        [f"{scores[row, index].item()}:{index}".encode() for index in indices] for row, indices in enumerate(order)
-    ]
+    names = [f":{label}" for label in labels]
     result = np.empty((len(scores), count), dtype=object)
-    result[:] = labels
+    for row, indices in enumerate(order):
+        for column, index in enumerate(indices):
+            label = names[index] if index < len(names) else ""
+            result[row, column] = f"{scores[row, index].item()}:{index}{label}".encode()
     return result
 
 

@@ -133,8 +133,14 @@ def _tensor(tensor: Any, batching: bool, file: Path, kind: str) -> TensorSpec:
     if -1 in shape[1:]:
         raise ModelLoadError(f"{where}: dims {list(dims)}: a variable size beyond the batch dimension is not "
                              "supported (every batch size is warmed up and profiled at one shape)")  # fmt: skip
+    labels: tuple[str, ...] = ()
+    if kind == "output" and tensor.label_filename:
+        try:
+            labels = tuple(line.strip() for line in (file.parent / tensor.label_filename).read_text().splitlines())
+        except (OSError, UnicodeDecodeError) as error:
+            raise ModelLoadError(f"{where}: cannot read label_filename {tensor.label_filename!r}: {error}") from None
     try:
-        return TensorSpec(tensor.name, datatype, shape)
+        return TensorSpec(tensor.name, datatype, shape, labels=labels)
     except ValueError as error:
         raise ModelLoadError(f"{where}: {error}") from None
 

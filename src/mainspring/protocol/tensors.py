@@ -48,12 +48,15 @@ def datatype_of(dtype: np.dtype[Any]) -> str:
 
 class TensorSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     """One named input or output: datatype and shape (-1 for any size, first dimension the batch).
-    ``valid_range`` (integer inputs): the least and greatest value the model takes, checked at the door."""
+    ``valid_range`` (integer inputs): the least and greatest value the model takes, checked at the door.
+    ``labels`` (outputs): a name per class, returned with the classification extension's answers
+    (Triton's ``label_filename``)."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     valid_range: tuple[int, int] | None = None
+    labels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         dtype = numpy_dtype(self.datatype)

@@ -124,9 +124,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
     workload = workload_from(args)
     profiles = _profiles(args)
     prepare_outputs({"--json": args.json}, {"--log-dir": args.log_dir, "--plot": args.plot})
-    expected = args.rate * config.arrival_window_ns / NS_PER_S
-    if args.workload in ("poisson", "slo-sweep") and expected > MAX_ARRIVALS:  # said at once, not after 2 GB
-        raise CliError(f"--rate {args.rate:g} for {duration_s(args):g} s is {expected:.3g} requests; "
+    seconds = config.arrival_window_ns / NS_PER_S
+    if args.workload in ("poisson", "slo-sweep") and args.rate * seconds > MAX_ARRIVALS:  # at once, not after 2 GB
+        raise CliError(f"--rate {args.rate:g} for {seconds:g} s is {args.rate * seconds:.3g} requests; "
                        f"a run holds at most {MAX_ARRIVALS:,}")  # fmt: skip
     arrivals = generate_arrivals(workload, profiles, config)
     results: dict[str, SimulationResult] = {}

@@ -125,7 +125,10 @@ def test_a_log_cut_short_at_its_end_is_read_and_a_damaged_one_is_named(
     assert analyze(tmp_path, "cut").requests == 12
     assert "cut-requests.tsv: its last line (14) is cut short" in caplog.text
     for damaged, message in (
-        (whole.replace("\n", "\n13\tmodel-a\t5\n", 2), "cut-requests.tsv: line 2 has 3 of 10 fields"),
+        (
+            whole.replace("\n", "\n13\tmodel-a\t5\n", 2),
+            "cut-requests.tsv: line 2 does not have the 10 fields of its header",
+        ),
         ("garbage\nmore garbage\n", "cut-requests.tsv: not a mainspring log (no column request_id"),
         (whole.replace("\t100000000\t", "\tsoon\t", 1), "invalid literal for int() with base 10: 'soon'"),
     ):

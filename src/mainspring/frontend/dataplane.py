@@ -244,12 +244,10 @@ class DataPlane:
         outputs = []
         for spec in served.config.outputs:
             if spec.name in wanted:
-                data = np.concatenate([output[spec.name] for _, output in answers])
-                if wanted[spec.name]:
-                    data = classify(spec.name, data, wanted[spec.name], spec.labels)
-                    outputs.append(Tensor(spec.name, "BYTES", list(data.shape), data))
-                else:
-                    outputs.append(Tensor(spec.name, spec.datatype, list(data.shape), data))
+                data, datatype = np.concatenate([output[spec.name] for _, output in answers]), spec.datatype
+                if wanted[spec.name]:  # classification: the top classes as text instead of the values
+                    data, datatype = classify(spec.name, data, wanted[spec.name], spec.labels), "BYTES"
+                outputs.append(Tensor(spec.name, datatype, list(data.shape), data))
         return served, outputs
 
     @staticmethod

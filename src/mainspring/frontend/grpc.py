@@ -159,14 +159,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
         async def answer(request: Any) -> None:
             try:
-                reply = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+                await answers.put(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
+                return
+            except InferenceError as error:
+                message = error.message
             except Exception as error:
-                if not isinstance(error, InferenceError):
-                    log.exception("internal error in a gRPC stream")
-                message = error.message if isinstance(error, InferenceError) else f"internal error: {error!r}"
-                response = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-                reply = pb.ModelStreamInferResponse(error_message=message, infer_response=response)
-            await answers.put(reply)
+                log.exception("internal error in a gRPC stream")
+                message = f"internal error: {type(error).__name__}: {error}"  # as the unary calls say it
+            response = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+            await answers.put(pb.ModelStreamInferResponse(error_message=message, infer_response=response))
 
         async def read() -> None:
             nonlocal outstanding

@@ -28,10 +28,8 @@ import csv
 import logging
 import re
 import statistics
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -98,17 +96,15 @@ def _rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
         short = 0
         for row in reader:
             if short:
-                raise LogError(f"{path}: line {short} has {_fields(rows[-1])} of {len(columns)} fields")
+                raise LogError(
+                    f"{path}: line {short} does not have the {len(reader.fieldnames or ())} fields of its header"
+                )
             if None in row.values() or None in row:
                 short = reader.line_num
             rows.append(row)
         if short:
             log.warning("%s: its last line (%d) is cut short, as when a server stops mid-write: left out", path, short)
         return rows[:-1] if short else rows
-
-
-def _fields(row: Mapping[Any, object]) -> int:
-    return sum(value is not None for key, value in row.items() if key is not None)
 
 
 def runs(directory: Path) -> list[str]:

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import tritonclient.grpc as grpcclient
 
@@ -95,6 +96,12 @@ def test_two_frontend_processes_answer_every_request_once(small_zoo: ModelReposi
         assert [http_call(f"{base}/models/bert_tiny", headers={"Connection": "close"})[0] for _ in range(6)] == [
             200
         ] * 6
+        # Reloaded in place through whichever process: every process serves the change at once.
+        repo = ModelRepository(tmp_path / "repo")
+        repo.write(msgspec.structs.replace(repo.config("bert_tiny"), slo_ms=500.0))
+        assert http_call(f"{base}/repository/models/bert_tiny/load", b"{}", {"Connection": "close"})[0] == 200
+        configs = [http_call(f"{base}/models/bert_tiny/config", headers={"Connection": "close"}) for _ in range(6)]
+        assert [(status, json.loads(body)["default_slo_ms"]) for status, body in configs] == [(200, 500.0)] * 6
 
         # A frontend process that dies is started again, and the ports keep serving meanwhile.
         os.kill(first_frontend, signal.SIGKILL)

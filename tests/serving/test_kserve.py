@@ -7,6 +7,7 @@ import queue
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from mainspring.models.loading import export_zoo_model
 from mainspring.models.repository import ModelRepository
 from mainspring.models.zoo import build_model
 from mainspring.telemetry.analyze import analyze, runs
@@ -371,33 +373,86 @@ def test_repository_calls_refuse_what_they_cannot_honour_and_filter_by_readiness
         http.load_model("bert_tiny")
 
 
-def test_a_load_of_a_served_model_whose_entry_changed_is_refused_and_a_failed_load_is_indexed(
+def mlp_answers(url: str, data: np.ndarray) -> tuple[str, np.ndarray]:
+    tensor = httpclient.InferInput("input", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    result = httpclient.InferenceServerClient(url).infer("mlp", [tensor])
+    return result.get_response()["model_version"], result.as_numpy("logits")
+
+
+def test_a_changed_model_is_reloaded_in_place_while_it_serves(
+    server: ServerProcess, http: httpclient.InferenceServerClient, tmp_path: Path
+) -> None:
+    """Triton's load of a loaded model: the new version serves once loaded, and no request in between fails."""
+    repo, data = ModelRepository(server.repo), inputs_for("mlp", 2)
+    http.load_model("mlp")  # unchanged: nothing to do
+    other = ModelRepository(tmp_path)
+    export_zoo_model(other, "mlp", seed=1)  # the same model with other weights, as version 2
+    shutil.copytree(other.path("mlp", 1), repo.path("mlp", 1).parent / "2")
+    stop, failures, versions = threading.Event(), [], []
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                versions.append(mlp_answers(server.http, data)[0])
+            except InferenceServerException as error:
+                failures.append(f"{error.status()} {error.message()}")
+
+    clients = [threading.Thread(target=client) for _ in range(3)]
+    try:
+        for thread in clients:
+            thread.start()
+        time.sleep(0.3)
+        http.load_model("mlp")  # was: a 400 telling to unload, then load
+        assert http.get_model_metadata("mlp")["versions"] == ["2"]
+        time.sleep(0.3)
+        stop.set()
+        for thread in clients:
+            thread.join()
+        assert failures == [] and versions[0] == "1" and versions[-1] == "2", (failures, versions)
+        version, logits = mlp_answers(server.http, data)
+        with torch.inference_mode():
+            expected = build_model("mlp", {}, seed=1)(torch.from_numpy(data)).numpy()
+        assert version == "2"
+        np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
+    finally:
+        stop.set()
+        shutil.rmtree(repo.path("mlp", 1).parent / "2", ignore_errors=True)
+        http.load_model("mlp")  # back to version 1, in place again
+    version, logits = mlp_answers(server.http, data)
+    assert version == "1"
+    np.testing.assert_allclose(logits, reference("mlp", data), rtol=1e-4, atol=1e-4)
+
+
+def test_a_reload_that_fails_leaves_the_model_served_and_a_failed_load_is_indexed(
     server: ServerProcess, http: httpclient.InferenceServerClient
 ) -> None:
     repo = ModelRepository(server.repo)
     original = repo.config("bert_tiny")
-    http.load_model("bert_tiny")  # unchanged: nothing to do
     repo.write(msgspec.structs.replace(original, slo_ms=500.0))
+    moved = repo.path("bert_tiny") / "moved"
     try:
-        with pytest.raises(InferenceServerException) as refused:  # was: a 200 that served the old config
-            http.load_model("bert_tiny")
-        assert refused.value.status() == "400" and "its config differs" in refused.value.message()
-        http.unload_model("bert_tiny")
-        http.load_model("bert_tiny")  # unload, then load: the change is served
+        http.load_model("bert_tiny")  # the config changed: reloaded
+        assert http.get_model_config("bert_tiny")["default_slo_ms"] == 500.0
+        (repo.path("bert_tiny") / original.file).rename(moved)
+        repo.write(original)
+        with pytest.raises(InferenceServerException) as failed:
+            http.load_model("bert_tiny")  # a reload that cannot load
+        assert failed.value.status() == "400" and "does not exist" in failed.value.message()
+        assert http.is_model_ready("bert_tiny")  # still served, as it was
         assert http.get_model_config("bert_tiny")["default_slo_ms"] == 500.0
         http.unload_model("bert_tiny")
-        (repo.path("bert_tiny") / original.file).rename(repo.path("bert_tiny") / "moved")
         with pytest.raises(InferenceServerException) as failed:
             http.load_model("bert_tiny")
         assert failed.value.status() == "400"
         entry = next(m for m in http.get_model_repository_index() if m["name"] == "bert_tiny")
         assert entry["state"] == "UNAVAILABLE" and "does not exist" in entry["reason"], entry
     finally:
-        if (repo.path("bert_tiny") / "moved").exists():
-            (repo.path("bert_tiny") / "moved").rename(repo.path("bert_tiny") / original.file)
+        if moved.exists():
+            moved.rename(repo.path("bert_tiny") / original.file)
         repo.write(original)
-        if not http.is_model_ready("bert_tiny"):
-            http.load_model("bert_tiny")
+        http.load_model("bert_tiny")
+    assert http.get_model_config("bert_tiny")["default_slo_ms"] != 500.0
 
 
 def test_metrics_stats_and_openapi(

@@ -87,7 +87,7 @@ class FrontendHub:
 
     def _signature(self) -> object:
         service = self.service
-        versions = tuple(sorted((name, m.version) for name, m in service.models.items()))
+        versions = tuple(sorted((name, m.version, m.key) for name, m in service.models.items()))  # key: reloads
         return versions, service.device_count, service.accepting, tuple(sorted(service.load_errors.items()))
 
     async def _broadcast_if_changed(self, timeout_s: float = 2.0) -> None:
@@ -163,6 +163,8 @@ class FrontendHub:
             value: Any = None
             if ask.what == "load":
                 await service.load_model(ask.model)
+            elif ask.what == "reload":
+                await service.reload_model(ask.model)
             elif ask.what == "unload":
                 await service.unload_model(ask.model)
             elif ask.what == "statistics":

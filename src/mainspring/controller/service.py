@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import msgspec
 from mainspring.controller.controller import Controller, ControllerObserver, Observers
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
-from mainspring.protocol.models import ModelConfig, ModelInfo, ModelOperation, ModelReply
+from mainspring.protocol.models import ModelConfig, ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
 from mainspring.protocol.tensors import Sample
 from mainspring.scheduler.base import Membership
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
@@ -52,6 +53,10 @@ class ServedModel:
     config: ModelConfig
     profile: ModelProfile
     version: int = 1
+    key: str = ""  # what the policy and workers call it: its name, or ``name@n`` once reloaded in place
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.config.name
 
 
 @dataclass
@@ -141,8 +146,11 @@ class ControllerService:
         self._request_ids = itertools.count(1)
         self._op_ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Answer]] = {}
-        self._open: collections.Counter[str] = collections.Counter()  # unanswered requests per model
+        self._open: collections.Counter[str] = collections.Counter()  # unanswered requests per model key
         self._unloading: set[str] = set()
+        self._changing: set[str] = set()  # models being loaded, reloaded or unloaded: one change at a time
+        self._unloaded: set[str] = set()  # unloaded through the API: a worker that joins later must not serve them
+        self._generations = itertools.count(2)  # of reloads in place: the internal names' suffixes
         self._ops: dict[int, _ModelOp] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.accepting = True
@@ -177,7 +185,8 @@ class ControllerService:
         """Submit one request per sample (all with the same deadline) and wait for every answer."""
         if not self.accepting:
             raise ServiceError("unavailable", "the server is shutting down")
-        if model not in self.models:
+        served = self.models.get(model)
+        if served is None:
             raise ServiceError("not_found", f"unknown model {model!r}")
         if model in self._unloading:
             raise ServiceError("unavailable", f"model {model!r} is being unloaded")
@@ -196,10 +205,10 @@ class ControllerService:
         now = self.clock.now_ns()
         futures = []
         for sample in samples:
-            request = Request(next(self._request_ids), model, now, now + slo, slo, sample)
+            request = Request(next(self._request_ids), served.key, now, now + slo, slo, sample)
             future: asyncio.Future[Answer] = self.loop.create_future()
             self._futures[request.id] = future
-            self._open[model] += 1
+            self._open[served.key] += 1
             self._bytes_of[request.id] = size
             self._open_bytes += size
             futures.append(future)
@@ -228,14 +237,71 @@ class ControllerService:
     def on_join(
         self, handle: WorkerHandle, devices: list[DeviceSpec], models: list[ModelInfo], errors: dict[str, str]
     ) -> None:
-        key = id(handle)
-        self._handles[key] = handle
-        for info in models:
-            if info.config.name not in self.models:
-                profile = ModelProfile.from_json(info.profile, f"worker {handle.name} model {info.config.name}")
-                self._membership.add_model(profile)
-                self.models[info.config.name] = ServedModel(info.config, profile, info.version)
+        self._handles[id(handle)] = handle
         self.load_errors.update(errors)
+        corrections = self._adopt(handle, models)
+        if not corrections:
+            self._add_devices(handle, devices)
+            return
+        task = self.loop.create_task(self._bring_in_line(handle, devices, corrections))
+        self._announcements.add(task)
+        task.add_done_callback(self._announcements.discard)
+
+    def _adopt(self, handle: WorkerHandle, models: list[ModelInfo]) -> list[tuple[ModelOperation, ModelTarget]]:
+        """Serve the joining worker's models that nothing here contradicts (the first worker's: all of them),
+        under the names it holds them by; return what the worker must change to serve exactly what is served
+        here, as it is served: a model at another version or config, one unloaded through the API, one a
+        reload in place has retired, one it lacks."""
+        corrections, matching = [], set()
+        for info in models:
+            key = info.config.name
+            name = served_name(key)
+            served = self.models.get(name)
+            if served is None and name not in self._unloaded:  # under its key: a restarted controller's worker
+                profile = ModelProfile.from_json(info.profile, f"worker {handle.name} model {key}")
+                self._membership.add_model(profile)
+                config = msgspec.structs.replace(info.config, name=name)
+                self.models[name] = ServedModel(config, profile, info.version, key)
+                matching.add(name)
+            elif (
+                served is not None
+                and (served.key, served.version) == (key, info.version)
+                and (served.config == msgspec.structs.replace(info.config, name=name))
+            ):
+                matching.add(name)
+            else:
+                corrections.append((ModelOperation.UNLOAD, ModelTarget(name, served_as=key)))
+        for name, served in self.models.items():
+            if name not in matching:
+                target = ModelTarget(name, served.version, "" if served.key == name else served.key)
+                corrections.append((ModelOperation.LOAD, target))
+        return corrections
+
+    async def _bring_in_line(
+        self, handle: WorkerHandle, devices: list[DeviceSpec], corrections: list[tuple[ModelOperation, ModelTarget]]
+    ) -> None:
+        """Apply ``corrections`` on the joining worker, then plan on its devices (weights it held of a model
+        it was told to change are not adopted: unloading freed them)."""
+        changed = set()
+        for op, target in corrections:
+            changed.add(target.key)
+            try:
+                replies = await self._model_op(op, target, 120.0, handles=[handle])
+            except ServiceError as error:
+                replies = [ModelReply(0, target.key, error=str(error))]
+            for reply in replies:
+                if reply.error:
+                    log.error("worker %s: %s of %s failed, so its devices will fail that model's actions: %s",
+                              handle.name, op.value, target.key, reply.error)  # fmt: skip
+            log.info("worker %s joined serving %s otherwise than here: %s done", handle.name, target.key, op.value)
+        if id(handle) in self._handles:  # not lost meanwhile
+            kept = [
+                msgspec.structs.replace(d, resident=tuple(m for m in d.resident if m not in changed)) for d in devices
+            ]
+            self._add_devices(handle, kept)
+
+    def _add_devices(self, handle: WorkerHandle, devices: list[DeviceSpec]) -> None:
+        key = id(handle)
         for spec in devices:
             global_id = next(self._device_ids)
             self._links[global_id] = _DeviceLink(handle, spec.device)
@@ -356,57 +422,112 @@ class ControllerService:
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
         if model in self.models:
             return
-        if not self._handles:
-            raise ServiceError("unavailable", "no worker is connected")
-        replies = await self._model_op(ModelOperation.LOAD, model, timeout_s)
-        failed = [r for r in replies if r.error]
-        if failed or not replies:
-            if len(failed) < len(replies):
-                await self._model_op(ModelOperation.UNLOAD, model, timeout_s)  # keep the workers consistent
-            reason = failed[0].error if failed else f"no worker answered for {model!r}"
-            self.load_errors[model] = reason  # the repository index tells why the model is not served
+        async with self._change(model):
+            if model not in self.models:  # a change that finished while this one waited
+                self.models[model] = await self._load_everywhere(ModelTarget(model), timeout_s)
+                self._unloaded.discard(model)
+                self._update_gauges()
+                await self._announce()
+
+    async def reload_model(self, model: str, timeout_s: float = 120.0) -> None:
+        """Serve the repository's entry for ``model`` anew without refusing a request (Triton's load of a
+        loaded model): load it beside the one served, under an internal name; send new requests there;
+        let those admitted finish on the old; then unload the old. A load that fails leaves the old served."""
+        async with self._change(model):
+            old = self.models.get(model)
+            if old is None:
+                raise ServiceError("not_found", f"model {model!r} is not loaded")
+            key = old.key
+            while key == old.key:  # a key adopted from a worker may have any suffix
+                key = f"{model}@{next(self._generations)}"
+            target = ModelTarget(model, served_as=key)
+            self.models[model] = await self._load_everywhere(target, timeout_s, keep_reason=False)
             await self._announce()
-            raise ServiceError("invalid", reason)
-        info = replies[0].info
-        assert info is not None
-        profile = ModelProfile.from_json(info.profile, f"model {model}")
-        self._membership.add_model(profile)
-        self.models[model] = ServedModel(info.config, profile, info.version)
-        self.load_errors.pop(model, None)
-        self._update_gauges()
-        await self._announce()
+            await self._drain(old.key, timeout_s)
+            await self._retire(old.key, timeout_s)
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
         """Refuse new requests for ``model``, let the admitted ones finish (each is answered by its
         deadline at the latest, so ``timeout_s`` only bounds a bug), then unload it everywhere."""
         if model not in self.models or model in self._unloading:
             raise ServiceError("not_found", f"model {model!r} is not loaded")
-        self._unloading.add(model)
-        try:
-            deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
-            while self._open[model] and self.clock.now_ns() < deadline:
-                await asyncio.sleep(0.005)
-        finally:
-            self._unloading.discard(model)
-        del self.models[model]
-        self._membership.remove_model(model, self.clock.now_ns())
-        self.controller.pump()  # hand out the answers of its queued requests
-        self._update_gauges()
-        await self._announce()
-        await self._model_op(ModelOperation.UNLOAD, model, timeout_s)
+        async with self._change(model):
+            served = self.models.get(model)
+            if served is None:
+                raise ServiceError("not_found", f"model {model!r} is not loaded")
+            self._unloading.add(model)
+            try:
+                await self._drain(served.key, timeout_s)
+            finally:
+                self._unloading.discard(model)
+            del self.models[model]
+            self._unloaded.add(model)
+            self._update_gauges()
+            await self._retire(served.key, timeout_s)
 
-    async def _model_op(self, op: ModelOperation, model: str, timeout_s: float) -> list[ModelReply]:
+    @contextlib.asynccontextmanager
+    async def _change(self, model: str) -> AsyncIterator[None]:
+        """One load, reload or unload of ``model`` at a time; another is refused rather than queued."""
+        if model in self._changing:
+            raise ServiceError("unavailable", f"model {model!r} is being loaded, reloaded or unloaded")
+        self._changing.add(model)
+        try:
+            yield
+        finally:
+            self._changing.discard(model)
+
+    async def _load_everywhere(self, target: ModelTarget, timeout_s: float, keep_reason: bool = True) -> ServedModel:
+        """Load ``target`` on every worker and into the policy; on a failure anywhere, nowhere (the reason
+        stays in the repository index when ``keep_reason``: the model is not served)."""
+        model = target.model
+        if not self._handles:
+            raise ServiceError("unavailable", "no worker is connected")
+        replies = await self._model_op(ModelOperation.LOAD, target, timeout_s)
+        failed = [r for r in replies if r.error]
+        if failed or not replies:
+            if len(failed) < len(replies):
+                await self._model_op(ModelOperation.UNLOAD, target, timeout_s)  # keep the workers consistent
+            reason = failed[0].error if failed else f"no worker answered for {model!r}"
+            if keep_reason:
+                self.load_errors[model] = reason  # the repository index tells why the model is not served
+                await self._announce()
+            raise ServiceError("invalid", reason)
+        info = replies[0].info
+        assert info is not None
+        profile = ModelProfile.from_json(info.profile, f"model {target.key}")
+        self._membership.add_model(profile)
+        self.load_errors.pop(model, None)
+        return ServedModel(msgspec.structs.replace(info.config, name=model), profile, info.version, target.key)
+
+    async def _drain(self, key: str, timeout_s: float) -> None:
+        """Wait until the requests admitted for ``key`` are answered (by their deadlines), at most ``timeout_s``."""
+        deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
+        while self._open[key] and self.clock.now_ns() < deadline:
+            await asyncio.sleep(0.005)
+
+    async def _retire(self, key: str, timeout_s: float) -> None:
+        """Take ``key`` out of the policy (answering what it still queues) and off every worker."""
+        self._membership.remove_model(key, self.clock.now_ns())
+        self.controller.pump()  # hand out the answers of its queued requests
+        await self._announce()
+        await self._model_op(ModelOperation.UNLOAD, ModelTarget(served_name(key), served_as=key), timeout_s)
+
+    async def _model_op(
+        self, op: ModelOperation, target: ModelTarget, timeout_s: float, handles: Sequence[WorkerHandle] = ()
+    ) -> list[ModelReply]:
+        """``op`` on ``handles`` (default: every worker); their replies."""
+        handles = list(handles or self._handles.values())
         op_id = next(self._op_ids)
-        pending = _ModelOp(model, op, set(self._handles), done=self.loop.create_future())
+        pending = _ModelOp(target.key, op, {id(h) for h in handles}, done=self.loop.create_future())
         self._ops[op_id] = pending
-        for handle in list(self._handles.values()):
-            handle.model_op(op_id, op, model)
+        for handle in handles:
+            handle.model_op(op_id, op, target)
         try:
             assert pending.done is not None
             return await asyncio.wait_for(pending.done, timeout_s)
         except TimeoutError:
             raise ServiceError(
-                "unavailable", f"{op.value} of {model!r}: workers did not answer in {timeout_s:.0f} s"
+                "unavailable", f"{op.value} of {target.key!r}: workers did not answer in {timeout_s:.0f} s"
             ) from None
         finally:
             del self._ops[op_id]

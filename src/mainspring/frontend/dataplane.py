@@ -7,6 +7,7 @@ type with an HTTP status (``InferenceError``); each transport maps that status o
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from mainspring.models.repository import ModelLoadError, ModelRepository
 from mainspring.protocol import MAX_SLO_MS, Outcome
 from mainspring.protocol.tensors import DATATYPES, shape_matches
 from mainspring.time import NS_PER_MS, NS_PER_US
+
+log = logging.getLogger(__name__)
 
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "parameters", "classification"]
 __all__ = ["HTTP_STATUS", "DataPlane", "InferenceError", "Tensor", "decode_tensor"]
@@ -172,14 +175,13 @@ class DataPlane:
         if self.repo is not None and name not in self.repo.models() and name not in self.service.models:
             raise InferenceError(404, f"model {name!r} is not in the repository")
         served = self.service.models.get(name)
-        if served is not None and (change := self._change_since(name, served)):  # a load must not pretend
-            raise InferenceError(
-                400,
-                f"model {name!r} is served as version {served.version} and its repository entry has changed "
-                f"since ({change}): unload it, then load it, to serve the change (no reload in place)",
-            )
         try:
-            await self.service.load_model(name)
+            if served is not None and (change := self._change_since(name, served)):
+                # Triton's load of a loaded model: serve the change, refusing nothing meanwhile
+                log.info("reloading %s (version %d served): %s", name, served.version, change)
+                await self.service.reload_model(name)
+            else:
+                await self.service.load_model(name)
         except ServiceError as error:
             raise InferenceError(_SERVICE_STATUS[error.kind], str(error)) from None
         except ModelLoadError as error:

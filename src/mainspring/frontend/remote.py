@@ -156,6 +156,9 @@ class RemoteController:
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
         await self._ask("load", model, timeout_s=timeout_s + ANSWER_GRACE_S)
 
+    async def reload_model(self, model: str, timeout_s: float = 120.0) -> None:
+        await self._ask("reload", model, timeout_s=timeout_s + ANSWER_GRACE_S)
+
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
         await self._ask("unload", model, timeout_s=timeout_s + ANSWER_GRACE_S)
 

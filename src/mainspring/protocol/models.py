@@ -16,6 +16,14 @@ from mainspring.protocol.tensors import TensorSpec
 
 FORMATS = ("torch_export", "torchscript", "safetensors", "onnx")
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# A model reloaded in place is served, while its previous load drains, under an internal name that no
+# repository folder can have (``resnet18@2``): the policy and the workers tell the two loads apart by it.
+SERVED_NAME = re.compile(MODEL_NAME.pattern + r"(@[0-9]{1,18})?")
+
+
+def served_name(key: str) -> str:
+    """The name clients use for a model's internal name (``resnet18@2`` -> ``resnet18``)."""
+    return key.partition("@")[0]
 
 
 class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -45,7 +53,7 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"batch_sizes {list(self.batch_sizes)} must be increasing without repeats")
         if self.format == "safetensors" and not self.architecture:
             raise ValueError("format 'safetensors' needs an 'architecture' (a zoo model name)")
-        if not MODEL_NAME.fullmatch(self.name):
+        if not SERVED_NAME.fullmatch(self.name):
             raise ValueError(f"name {self.name!r} must be letters, digits, '_', '.' or '-' (at most 128)")
         if Path(self.file).name != self.file or self.file in ("", ".", ".."):
             raise ValueError(f"file {self.file!r} must be a file name in the version folder, not a path")
@@ -75,10 +83,24 @@ class ModelOperation(enum.Enum):
     UNLOAD = "unload"
 
 
+class ModelTarget(msgspec.Struct, frozen=True):
+    """What a ``ModelOperation`` acts on: a repository model at ``version`` (None: the one the repository
+    serves now), known to the controller as ``served_as`` ("": its own name; else an internal name)."""
+
+    model: str
+    version: int | None = None
+    served_as: str = ""
+
+    @property
+    def key(self) -> str:
+        """The name the worker keeps it under and actions name it by."""
+        return self.served_as or self.model
+
+
 class ModelReply(msgspec.Struct, frozen=True, tag=True):
     """A worker's answer to a ``ModelOperation``: the model's info once loaded, or what failed."""
 
     op_id: int
-    model: str
+    model: str  # the target's key
     error: str = ""
     info: ModelInfo | None = None

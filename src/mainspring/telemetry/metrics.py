@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mainspring.protocol import Action, ActionResult, Infer, Request, Response, ResponseStatus, action_kind
+from mainspring.protocol.models import served_name
 from mainspring.time import NS_PER_S
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -120,22 +121,22 @@ class ServingMetrics:
         self.prediction_error.labels(kind).observe((timing.duration_ns - action.expected_duration_ns) / NS_PER_S)
         if isinstance(action, Infer):
             self._busy.setdefault(action.device, deque()).append((timing.begin_ns, timing.end_ns))
-            stats = self.stats(action.model)
+            stats = self.stats(served_name(action.model))
             stats.execution_count += 1
             stats.inference_count += len(action.request_ids)
         elif kind == "load":
-            self.loads.labels(action.model).inc()
+            self.loads.labels(served_name(action.model)).inc()
         else:
-            self.evictions.labels(action.model).inc()
+            self.evictions.labels(served_name(action.model)).inc()
 
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
-        latency = now_ns - request.arrival_ns
-        self.requests.labels(request.model, response.status.value).inc()
-        stats = self.stats(request.model)
+        latency, model = now_ns - request.arrival_ns, served_name(request.model)  # one series across reloads
+        self.requests.labels(model, response.status.value).inc()
+        stats = self.stats(model)
         if response.status is ResponseStatus.SUCCESS:
-            self.latency.labels(request.model).observe(latency / NS_PER_S)
+            self.latency.labels(model).observe(latency / NS_PER_S)
             if now_ns <= request.deadline_ns:
-                self.good.labels(request.model).inc()
+                self.good.labels(model).inc()
             stats.success_count += 1
             stats.success_ns += latency
             stats.last_inference_ns = now_ns

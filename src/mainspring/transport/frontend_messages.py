@@ -33,7 +33,7 @@ class Submit(msgspec.Struct, frozen=True, tag=True):
 
 
 class Ask(msgspec.Struct, frozen=True, tag=True):
-    """Anything else a frontend needs answered: ``what`` is load, unload, statistics, metrics, timeline or
+    """Anything else a frontend needs answered: ``what`` is load, reload, unload, statistics, metrics, timeline or
     state (a fresh ``State``, sent before the reply)."""
 
     call: int

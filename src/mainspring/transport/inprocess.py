@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mainspring.protocol import Action, ActionResult
-from mainspring.protocol.models import ModelOperation
+from mainspring.protocol.models import ModelOperation, ModelTarget
 from mainspring.transport.links import WorkerEvents
 from mainspring.worker.api import ResultCallback, Worker, apply_model_operation, model_info
 
@@ -49,11 +49,11 @@ class InProcessWorker:
     def send_action(self, action: Action, inputs: list[Any] | None) -> None:
         self.worker.submit(action, inputs)
 
-    def model_op(self, op_id: int, op: ModelOperation, model: str) -> None:
-        threading.Thread(target=self._model_op, args=(op_id, op, model), daemon=True).start()
+    def model_op(self, op_id: int, op: ModelOperation, target: ModelTarget) -> None:
+        threading.Thread(target=self._model_op, args=(op_id, op, target), daemon=True).start()
 
-    def _model_op(self, op_id: int, op: ModelOperation, model: str) -> None:
-        reply = apply_model_operation(self.worker, op_id, op, model)
+    def _model_op(self, op_id: int, op: ModelOperation, target: ModelTarget) -> None:
+        reply = apply_model_operation(self.worker, op_id, op, target)
         self._loop.call_soon_threadsafe(self._events.on_model_reply, self, reply)
 
     def close(self, reason: str, start_over: bool = False) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from mainspring.protocol import Action, ActionResult, DeviceSpec
-from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply
+from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget
 
 
 class WorkerHandle(Protocol):
@@ -15,7 +15,7 @@ class WorkerHandle(Protocol):
 
     def send_action(self, action: Action, inputs: list[Any] | None) -> None: ...
 
-    def model_op(self, op_id: int, op: ModelOperation, model: str) -> None: ...
+    def model_op(self, op_id: int, op: ModelOperation, target: ModelTarget) -> None: ...
 
     def close(self, reason: str, start_over: bool = False) -> None: ...
 

@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 
 from mainspring.protocol import Action, ActionResult, DeviceSpec
-from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply
+from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget
 from mainspring.protocol.tensors import Sample, datatype_of, numpy_dtype
 
 
@@ -56,7 +56,7 @@ class Ping(msgspec.Struct, frozen=True, tag=True):
 class ModelOp(msgspec.Struct, frozen=True, tag=True):
     op_id: int
     op: ModelOperation
-    model: str
+    target: ModelTarget
 
 
 class Bye(msgspec.Struct, frozen=True, tag=True):

@@ -19,7 +19,7 @@ import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
 from mainspring.protocol import Action, ActionResult, Infer, Timing
-from mainspring.protocol.models import ModelOperation, ModelReply
+from mainspring.protocol.models import ModelOperation, ModelReply, ModelTarget
 from mainspring.time import Clock, WallClock, s_to_ns
 from mainspring.transport.clock_sync import ClockSync
 from mainspring.transport.links import WorkerEvents
@@ -62,8 +62,8 @@ class RemoteWorker:
         metas = metas_of(inputs) if inputs is not None else None
         self._hub.send(self, Act(translated, metas), inputs)
 
-    def model_op(self, op_id: int, op: ModelOperation, model: str) -> None:
-        self._hub.send(self, ModelOp(op_id, op, model))
+    def model_op(self, op_id: int, op: ModelOperation, target: ModelTarget) -> None:
+        self._hub.send(self, ModelOp(op_id, op, target))
 
     def close(self, reason: str, start_over: bool = False) -> None:
         """Say bye and stop pinging: the worker leaves on its own, which is not a loss."""

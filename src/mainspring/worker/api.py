@@ -15,7 +15,7 @@ from typing import Protocol
 from mainspring.models.profile import ModelProfile
 from mainspring.models.repository import ModelLoadError
 from mainspring.protocol import Action, ActionResult, DeviceSpec
-from mainspring.protocol.models import ModelConfig, ModelInfo, ModelOperation, ModelReply
+from mainspring.protocol.models import ModelConfig, ModelInfo, ModelOperation, ModelReply, ModelTarget
 from mainspring.protocol.tensors import Sample
 
 ResultCallback = Callable[[ActionResult], None]
@@ -39,8 +39,9 @@ class Worker(Protocol):
         """The repository version served under ``model``."""
         ...
 
-    def register(self, model: str) -> ModelProfile:
-        """Start serving a repository model; ``ModelLoadError`` with the reason if it cannot."""
+    def register(self, model: str, version: int | None = None, served_as: str = "") -> ModelProfile:
+        """Start serving a repository model (at ``version``; None: the repository's), under ``served_as``
+        (an internal name, ``SERVED_NAME``; "": its own); ``ModelLoadError`` with the reason if it cannot."""
         ...
 
     def unregister(self, model: str) -> None: ...
@@ -59,13 +60,14 @@ def model_info(worker: Worker, model: str) -> ModelInfo:
     return ModelInfo(worker.configs()[model], worker.profiles()[model].to_json(), worker.version_of(model))
 
 
-def apply_model_operation(worker: Worker, op_id: int, operation: ModelOperation, model: str) -> ModelReply:
+def apply_model_operation(worker: Worker, op_id: int, operation: ModelOperation, target: ModelTarget) -> ModelReply:
     """Register or unregister a repository model on ``worker``; the reply names what failed."""
+    key = target.key
     try:
         if operation is ModelOperation.LOAD:
-            worker.register(model)
-            return ModelReply(op_id, model, info=model_info(worker, model))
-        worker.unregister(model)
-        return ModelReply(op_id, model)
+            worker.register(target.model, target.version, target.served_as)
+            return ModelReply(op_id, key, info=model_info(worker, key))
+        worker.unregister(key)
+        return ModelReply(op_id, key)
     except ModelLoadError as error:
-        return ModelReply(op_id, model, error=str(error))
+        return ModelReply(op_id, key, error=str(error))

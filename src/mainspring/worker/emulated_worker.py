@@ -39,7 +39,8 @@ class EmulatedWorker:
         seed: int = 0,
     ) -> None:
         self._timer = ThreadTimer("emulated-worker")
-        self._profiles = dict(profiles)
+        self._catalog = dict(profiles)  # what it can serve: its repository
+        self._profiles = dict(profiles)  # what it serves, by the name actions use
         self._specs = tuple(specs)
         self._on_result = on_result
         self._inputs: dict[int, Sequence[Sample]] = {}
@@ -62,8 +63,14 @@ class EmulatedWorker:
     def version_of(self, model: str) -> int:
         return 1
 
-    def register(self, model: str) -> ModelProfile:
-        raise ModelLoadError(f"model {model!r}: an emulated worker serves a fixed set of models")
+    def register(self, model: str, version: int | None = None, served_as: str = "") -> ModelProfile:
+        key = served_as or model
+        if model not in self._catalog or version not in (None, 1):
+            raise ModelLoadError(f"model {model!r}: an emulated worker serves a fixed set of models at version 1")
+        if key in self._profiles:
+            raise ModelLoadError(f"model {key!r} is already registered")
+        profile = self._profiles[key] = self._catalog[model].renamed(key)
+        return profile
 
     def unregister(self, model: str) -> None:
         self._profiles.pop(model, None)

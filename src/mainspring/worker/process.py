@@ -225,4 +225,4 @@ class WorkerConnection:
         return None
 
     def _model_op(self, op: ModelOp) -> None:
-        self._send_later(apply_model_operation(self.worker, op.op_id, op.op, op.model))
+        self._send_later(apply_model_operation(self.worker, op.op_id, op.op, op.target))

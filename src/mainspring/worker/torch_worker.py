@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
+import msgspec
 import torch
 
 from mainspring.models.loading import load_module, state_tensors
@@ -119,12 +120,16 @@ class TorchWorker:
     def resident_models(self, device: int = 0) -> frozenset[str]:
         return self._devices[device].resident_models
 
-    def register(self, model: str, version: int | None = None) -> ModelProfile:
-        """Read, check and warm up ``model``; ``ModelLoadError`` (naming the file and the reason) if it cannot serve."""
+    def register(self, model: str, version: int | None = None, served_as: str = "") -> ModelProfile:
+        """Read, check and warm up ``model`` (kept under ``served_as`` when given: a reload in place);
+        ``ModelLoadError`` (naming the file and the reason) if it cannot serve."""
+        key = served_as or model
         with self._lock:
-            if model in self._models:
-                raise ModelLoadError(f"model {model!r} is already registered")
+            if key in self._models:
+                raise ModelLoadError(f"model {key!r} is already registered")
             config, module = load_module(self.repo, model, version)
+            if key != model:
+                config = msgspec.structs.replace(config, name=key)
             first = self._devices[0]
             host = HostModel.from_tensors(
                 config, state_tensors(module), first.spec.page_bytes, first.device.type == "cuda"
@@ -136,19 +141,19 @@ class TorchWorker:
                     timings = device.add(host, module_here)
             except Exception as error:  # whatever the model raises (torch.export's guards: AssertionError)
                 for device in self._devices:
-                    device.remove(model)
+                    device.remove(key)
                 reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
                 raise ModelLoadError(
                     f"model {model!r}: does not run as {self.repo.path(model, version)}/config.json "
                     f"describes it: {reason}"
                 ) from error
-            profile = self._stored_profile(host, version) or self._measured_profile(host, timings)
-            self._models[model] = (config, profile)
-            self._versions[model] = self.repo.latest_version(model) if version is None else version
+            profile = self._stored_profile(model, host, version) or self._measured_profile(host, timings)
+            self._models[key] = (config, profile)
+            self._versions[key] = self.repo.latest_version(model) if version is None else version
             self.load_errors.pop(model, None)
             log.info(
                 "serving %s (%d tensors, %.1f MB, %d pages)",
-                model,
+                key,
                 len(host.host),
                 host.weights_bytes / 1e6,
                 len(host.layout),
@@ -173,12 +178,11 @@ class TorchWorker:
         for device in self._devices:
             device.close()
 
-    def _stored_profile(self, host: HostModel, version: int | None) -> ModelProfile | None:
+    def _stored_profile(self, model: str, host: HostModel, version: int | None) -> ModelProfile | None:
         """The repository's profile for this device kind, unless it is unreadable or describes another
         model than the one registered (other weights, other batch sizes): then the warm-up's figures."""
         if not self.use_stored_profiles:
             return None
-        model = host.config.name
         try:
             stored = self.repo.profile(model, self.kind, version)
         except ValueError as error:
@@ -195,7 +199,7 @@ class TorchWorker:
             log.warning("%s: its stored profile is stale (%s); measuring here instead", model, "; ".join(stale))
             return None
         log.info("%s: using the profile stored in the repository for %s", model, self.kind)
-        return stored
+        return stored.renamed(host.config.name)
 
     def _measured_profile(self, host: HostModel, timings: Mapping[int, list[int]]) -> ModelProfile:
         """A first profile from the warm-up runs (the median of each: registration may overlap other work, and the

@@ -1,0 +1,117 @@
+"""Reloading a served model in place, and a worker that joins later serving what the controller serves
+(in-process emulated workers, real time)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from mainspring.controller.service import ControllerService
+from mainspring.frontend.dataplane import DataPlane, InferenceError
+from mainspring.protocol import DeviceSpec
+from mainspring.transport.inprocess import InProcessWorker
+from mainspring.worker.emulated_worker import EmulatedWorker
+from mainspring.worker.runtimes.emulated import NoiseModel
+from tests.controller.test_service import tensor, with_service
+from tests.fakes import profile
+
+
+async def keep_asking(plane: DataPlane, model: str, stop: asyncio.Event, clients: int = 8) -> tuple[int, list[str]]:
+    """``clients`` closed-loop clients of ``model`` until ``stop``: requests answered, and every failure's message."""
+    answered, failures = 0, []
+
+    async def client(seed: int) -> None:
+        nonlocal answered
+        while not stop.is_set():
+            sent = tensor(np.full((1, 3), seed + answered, np.float32))
+            try:
+                _, outputs = await plane.infer(model, None, [sent], None, {})
+                np.testing.assert_array_equal(outputs[0].data, sent.data)  # its own answer
+                answered += 1
+            except InferenceError as error:
+                failures.append(str(error))
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return answered, failures
+
+
+def test_a_reload_in_place_answers_every_request_and_retires_the_old_load() -> None:
+    async def test(service: ControllerService, plane: DataPlane, handle: InProcessWorker) -> None:
+        stop = asyncio.Event()
+        asking = asyncio.create_task(keep_asking(plane, "a", stop))
+        await asyncio.sleep(0.1)
+        await service.reload_model("a")
+        assert service.models["a"].key == "a@2" and plane.model_ready("a")
+        await asyncio.sleep(0.1)  # served by the new load
+        stop.set()
+        answered, failures = await asking
+        assert failures == [] and answered > 50
+        assert sorted(handle.worker.profiles()) == ["a@2", "b"]  # the old load is gone from the worker
+        assert service.metrics.stats("a").success_count == answered  # one model to its users, across the reload
+        exposition = await service.exposition()
+        assert b'model="a@2"' not in exposition and b'model="a"' in exposition
+        await service.reload_model("a")  # again: another internal name
+        assert service.models["a"].key == "a@3" and sorted(handle.worker.profiles()) == ["a@3", "b"]
+        _, outputs = await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})
+        np.testing.assert_array_equal(outputs[0].data, np.ones((1, 3), np.float32))
+
+    with_service(test)
+
+
+def test_a_worker_that_joins_later_serves_what_is_served_not_what_it_holds() -> None:
+    async def test(service: ControllerService, plane: DataPlane, first: InProcessWorker) -> None:
+        await plane.unload("b")
+        await service.reload_model("a")
+        profiles = {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in ("a", "b")}
+        specs = [DeviceSpec(0, "v100"), DeviceSpec(1, "v100")]
+        second = InProcessWorker(  # registered every model of its repository under its own name at start
+            "later", lambda sink: EmulatedWorker(specs, profiles, sink, NoiseModel.exact()), service,
+            asyncio.get_running_loop(),
+        )  # fmt: skip
+        second.join()
+        try:
+            for _ in range(200):
+                if service.device_count == 4:
+                    break
+                await asyncio.sleep(0.01)
+            assert service.device_count == 4
+            assert sorted(second.worker.profiles()) == ["a@2"]  # b stays unloaded, a is the reloaded load
+            assert sorted(service.models) == ["a"]
+            service.on_lost(first)
+            first.close("gone")
+            stop = asyncio.Event()
+            asking = asyncio.create_task(keep_asking(plane, "a", stop))
+            await asyncio.sleep(0.1)
+            stop.set()
+            answered, failures = await asking
+            assert failures == [] and answered > 20  # served on the later worker's devices alone
+        finally:
+            second.close("test over")
+
+    with_service(test)
+
+
+def test_a_restarted_controller_serves_a_reloaded_model_under_the_name_its_worker_holds() -> None:
+    async def scenario() -> None:
+        service = ControllerService(default_slo_ms=500)
+        held = {"a@2": profile("a@2", exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2)}  # reloaded before the restart
+        handle = InProcessWorker(
+            "rejoined", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], held, sink, NoiseModel.exact()),
+            service, asyncio.get_running_loop(),
+        )  # fmt: skip
+        handle.join()
+        plane = DataPlane(service)
+        try:
+            assert sorted(service.models) == ["a"] and service.models["a"].key == "a@2"
+            assert service.models["a"].config.name == "a"  # what clients read
+            _, outputs = await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})
+            np.testing.assert_array_equal(outputs[0].data, np.ones((1, 3), np.float32))
+            with pytest.raises(InferenceError, match="unknown model 'a@2'"):
+                await plane.infer("a@2", None, [tensor(np.ones((1, 3), np.float32))], None, {})
+        finally:
+            await service.drain(1.0)
+            handle.close("test over")
+
+    asyncio.run(scenario())

@@ -115,3 +115,20 @@ def test_a_restarted_controller_serves_a_reloaded_model_under_the_name_its_worke
             handle.close("test over")
 
     asyncio.run(scenario())
+
+
+def test_changes_of_one_model_at_once_take_turns() -> None:
+    async def test(service: ControllerService, plane: DataPlane, handle: InProcessWorker) -> None:
+        await asyncio.gather(service.reload_model("a"), service.reload_model("a"))  # was: one refused
+        assert service.models["a"].key == "a@3" and sorted(handle.worker.profiles()) == ["a@3", "b"]
+        one = tensor(np.ones((1, 3), np.float32))
+        admitted = [asyncio.create_task(plane.infer("a", None, [one], None, {})) for _ in range(20)]
+        await asyncio.sleep(0)
+        unloading = asyncio.create_task(plane.unload("a"))
+        await asyncio.sleep(0)  # draining what was admitted
+        await plane.load("a")  # waits for the unload, then loads it again (was: returned, and "a" went)
+        await unloading
+        await asyncio.gather(*admitted)
+        assert plane.model_ready("a") and sorted(handle.worker.profiles()) == ["a", "b"]
+
+    with_service(test)

@@ -148,7 +148,7 @@ class ControllerService:
         self._futures: dict[int, asyncio.Future[Answer]] = {}
         self._open: collections.Counter[str] = collections.Counter()  # unanswered requests per model key
         self._unloading: set[str] = set()
-        self._changing: set[str] = set()  # models being loaded, reloaded or unloaded: one change at a time
+        self._changing: dict[str, asyncio.Lock] = {}  # one load, reload or unload of a model at a time
         self._unloaded: set[str] = set()  # unloaded through the API: a worker that joins later must not serve them
         self._generations = itertools.count(2)  # of reloads in place: the internal names' suffixes
         self._ops: dict[int, _ModelOp] = {}
@@ -420,10 +420,8 @@ class ControllerService:
 
     # --- repository ---------------------------------------------------------------------------
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
-        if model in self.models:
-            return
         async with self._change(model):
-            if model not in self.models:  # a change that finished while this one waited
+            if model not in self.models:  # served already, or once a change this one waited for finished
                 self.models[model] = await self._load_everywhere(ModelTarget(model), timeout_s)
                 self._unloaded.discard(model)
                 self._update_gauges()
@@ -467,14 +465,10 @@ class ControllerService:
 
     @contextlib.asynccontextmanager
     async def _change(self, model: str) -> AsyncIterator[None]:
-        """One load, reload or unload of ``model`` at a time; another is refused rather than queued."""
-        if model in self._changing:
-            raise ServiceError("unavailable", f"model {model!r} is being loaded, reloaded or unloaded")
-        self._changing.add(model)
-        try:
+        """One load, reload or unload of ``model`` at a time: another waits its turn (each is bounded by
+        its timeout), then sees what the one before did."""
+        async with self._changing.setdefault(model, asyncio.Lock()):  # kept: one per model name ever changed
             yield
-        finally:
-            self._changing.discard(model)
 
     async def _load_everywhere(self, target: ModelTarget, timeout_s: float, keep_reason: bool = True) -> ServedModel:
         """Load ``target`` on every worker and into the policy; on a failure anywhere, nowhere (the reason

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from mainspring.models.repository import ModelRepository
@@ -35,6 +37,12 @@ def test_a_killed_local_worker_is_started_again(small_zoo: ModelRepository, tmp_
         server.wait_ready()
         infer = f"http://{server.http}/v2/models/mlp/infer"
         assert http_call(infer, body("mlp"))[0] == 200
+        # What the user changed stays changed: an unloaded model, a config reloaded in place.
+        base = f"http://{server.http}/v2"
+        assert http_call(f"{base}/repository/models/bert_tiny/unload", b"{}")[0] == 200
+        repo = ModelRepository(tmp_path / "repo")
+        repo.write(msgspec.structs.replace(repo.config("mlp"), slo_ms=20000.0))
+        assert http_call(f"{base}/repository/models/mlp/load", b"{}")[0] == 200
         (worker,) = child_pids(server.process.pid)
         os.kill(worker, signal.SIGKILL)
         begin = time.monotonic()
@@ -44,6 +52,9 @@ def test_a_killed_local_worker_is_started_again(small_zoo: ModelRepository, tmp_
         print(f"serving again {time.monotonic() - begin:.1f} s after the kill")
         status, reply = http_call(infer, body("mlp"))
         assert status == 200, reply
+        assert http_call(f"{base}/models/bert_tiny")[0] == 404  # was: back with the new worker
+        assert json.loads(http_call(f"{base}/models/mlp/config")[1])["default_slo_ms"] == 20000.0
+        assert "unload of bert_tiny done, to serve what is served here" in log.read_text()
         (replacement,) = child_pids(server.process.pid)
         assert replacement != worker
         assert "local worker local-0-cpu exited with code -9; starting it again" in log.read_text()

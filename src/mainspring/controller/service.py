@@ -293,7 +293,7 @@ class ControllerService:
                 if reply.error:
                     log.error("worker %s: %s of %s failed, so its devices will fail that model's actions: %s",
                               handle.name, op.value, target.key, reply.error)  # fmt: skip
-            log.info("worker %s joined serving %s otherwise than here: %s done", handle.name, target.key, op.value)
+            log.info("worker %s: %s of %s done, to serve what is served here", handle.name, op.value, target.key)
         if id(handle) in self._handles:  # not lost meanwhile
             kept = [
                 msgspec.structs.replace(d, resident=tuple(m for m in d.resident if m not in changed)) for d in devices

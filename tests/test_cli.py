@@ -149,6 +149,8 @@ def test_console_script_runs() -> None:
         (["--slo-ms", "0"], "--slo-ms positive and at most 86400000"),
         (["--models", " , "], "--models ' , ' names no model"),
         (["--workload", "closed", "--clients", "0"], "clients must be positive"),  # told before any call
+        # a rate mistyped by orders of magnitude (was: sent as fast as it could, a record of each kept)
+        (["--rate", "1e9", "--duration-s", "60"], "--rate 1e+09 for 60 s is 6e+10 requests; a run holds at most"),
     ],
 )
 def test_bench_refuses_bad_flags_before_it_sends(

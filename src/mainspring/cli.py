@@ -11,17 +11,25 @@ from pathlib import Path
 from mainspring.cli_bench import add_bench, run_bench
 from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
 from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
-from mainspring.cli_workload import CliError, add_workload_arguments, duration_s, prepare_outputs, workload_from
+from mainspring.cli_workload import (
+    CliError,
+    add_workload_arguments,
+    duration_s,
+    prepare_outputs,
+    refuse_a_rate_past,
+    workload_from,
+)
 from mainspring.models.profile import ModelProfile, builtin_profiles, load_profiles, model_copies
 from mainspring.protocol import MAX_SLO_MS
 from mainspring.protocol.pages import MIB
 from mainspring.scheduler.registry import SETTABLE, clockwork_config, parse_policies, policy_names
 from mainspring.settings import key_values
-from mainspring.sim.run import MAX_ARRIVALS, SimulationConfig, SimulationResult, generate_arrivals, simulate
+from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
 from mainspring.telemetry.report import format_table
 from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
 from mainspring.worker.runtimes.emulated import NoiseModel
 from mainspring.workload import Arrival, Workload
+from mainspring.workload.base import MAX_ARRIVALS
 
 # What a bare ``mainspring simulate`` shows: the predictive policy beside the reactive baselines, on
 # the bundled trace at x10 for five minutes (its bursts come after minute 3); 30 s here.
@@ -125,9 +133,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     profiles = _profiles(args)
     prepare_outputs({"--json": args.json}, {"--log-dir": args.log_dir, "--plot": args.plot})
     seconds = config.arrival_window_ns / NS_PER_S
-    if args.workload in ("poisson", "slo-sweep") and args.rate * seconds > MAX_ARRIVALS:  # at once, not after 2 GB
-        raise CliError(f"--rate {args.rate:g} for {seconds:g} s is {args.rate * seconds:.3g} requests; "
-                       f"a run holds at most {MAX_ARRIVALS:,}")  # fmt: skip
+    refuse_a_rate_past(MAX_ARRIVALS, args, seconds)  # at once, not after 2 GB
     arrivals = generate_arrivals(workload, profiles, config)
     results: dict[str, SimulationResult] = {}
     for policy in policies:

@@ -11,9 +11,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mainspring.cli_workload import CliError, add_workload_arguments, duration_s, prepare_outputs, workload_from
+from mainspring.cli_workload import (
+    CliError,
+    add_workload_arguments,
+    duration_s,
+    prepare_outputs,
+    refuse_a_rate_past,
+    workload_from,
+)
 from mainspring.protocol import MAX_SLO_MS
 from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
+from mainspring.workload.base import MAX_ARRIVALS
 
 
 def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,6 +59,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = args.url or ("127.0.0.1:8001" if args.protocol == "grpc" else "127.0.0.1:8000")
     workload = workload_from(args)  # a bad workload flag is told before the server is asked anything
+    # The driver keeps a record of every request: a rate mistyped as 1e9 flooded the server and filled the memory.
+    refuse_a_rate_past(MAX_ARRIVALS, args, duration_s(args))
     named = [m.strip() for m in args.models.split(",") if m.strip()] if args.models is not None else None
     if named == []:
         raise CliError(f"--models {args.models!r} names no model")

@@ -68,6 +68,13 @@ def add_workload_arguments(
     p.add_argument("--seed", type=int, default=1)
 
 
+def refuse_a_rate_past(limit: int, args: argparse.Namespace, seconds: float) -> None:
+    """A rate mistyped by orders of magnitude is told at once: the run would fill the memory first."""
+    if args.workload in ("poisson", "slo-sweep") and args.rate * seconds > limit:
+        asked = f"--rate {args.rate:g} for {seconds:g} s is {args.rate * seconds:.3g} requests"
+        raise CliError(f"{asked}; a run holds at most {limit:,}")
+
+
 def duration_s(args: argparse.Namespace) -> float:
     """``--duration-s``, or the default for the chosen workload."""
     if args.duration_s is not None:

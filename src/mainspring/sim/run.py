@@ -22,10 +22,7 @@ from mainspring.telemetry.recorder import Recorder
 from mainspring.telemetry.report import RunReport, build_report
 from mainspring.time import NS_PER_MS, NS_PER_S
 from mainspring.worker.runtimes.emulated import EmulatedDevice, NoiseModel
-from mainspring.workload.base import Arrival, Workload
-
-# About 2 GB of arrivals; a 10-minute Azure replay at 680 r/s is 0.4 M, a million-request run 1 M.
-MAX_ARRIVALS = 20_000_000
+from mainspring.workload.base import MAX_ARRIVALS, Arrival, Workload
 
 
 @dataclass(frozen=True)

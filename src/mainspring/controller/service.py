@@ -439,10 +439,15 @@ class ControllerService:
             while key == old.key:  # a key adopted from a worker may have any suffix
                 key = f"{model}@{next(self._generations)}"
             target = ModelTarget(model, served_as=key)
-            self.models[model] = await self._load_everywhere(target, timeout_s, keep_reason=False)
+            begin = time.monotonic()
+            self.models[model] = new = await self._load_everywhere(target, timeout_s, keep_reason=False)
             await self._announce()
+            loaded = time.monotonic()
             await self._drain(old.key, timeout_s)
             await self._retire(old.key, timeout_s)
+            retired = time.monotonic()
+            log.info("%s: version %d serves as %s after %.2f s; version %d (%s) retired %.2f s later", model,
+                     new.version, key, loaded - begin, old.version, old.key, retired - loaded)  # fmt: skip
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
         """Refuse new requests for ``model``, let the admitted ones finish (each is answered by its

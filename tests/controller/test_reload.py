@@ -44,6 +44,7 @@ def test_a_reload_in_place_answers_every_request_and_retires_the_old_load() -> N
         await asyncio.sleep(0.1)
         await service.reload_model("a")
         assert service.models["a"].key == "a@2" and plane.model_ready("a")
+        assert plane.model_config("a")["name"] == "a" and plane.model_config("a")["profile"]["model"] == "a"
         await asyncio.sleep(0.1)  # served by the new load
         stop.set()
         answered, failures = await asking
@@ -106,6 +107,7 @@ def test_a_restarted_controller_serves_a_reloaded_model_under_the_name_its_worke
         try:
             assert sorted(service.models) == ["a"] and service.models["a"].key == "a@2"
             assert service.models["a"].config.name == "a"  # what clients read
+            assert plane.model_config("a")["profile"]["model"] == "a"
             _, outputs = await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})
             np.testing.assert_array_equal(outputs[0].data, np.ones((1, 3), np.float32))
             with pytest.raises(InferenceError, match="unknown model 'a@2'"):

@@ -54,6 +54,7 @@ class ServedModel:
     profile: ModelProfile
     version: int = 1
     key: str = ""  # what the policy and workers call it: its name, or ``name@n`` once reloaded in place
+    # (config and profile carry the name: they are what clients and frontend processes read)
 
     def __post_init__(self) -> None:
         self.key = self.key or self.config.name
@@ -261,7 +262,7 @@ class ControllerService:
                 profile = ModelProfile.from_json(info.profile, f"worker {handle.name} model {key}")
                 self._membership.add_model(profile)
                 config = msgspec.structs.replace(info.config, name=name)
-                self.models[name] = ServedModel(config, profile, info.version, key)
+                self.models[name] = ServedModel(config, profile.renamed(name), info.version, key)
                 matching.add(name)
             elif (
                 served is not None
@@ -496,7 +497,8 @@ class ControllerService:
         profile = ModelProfile.from_json(info.profile, f"model {target.key}")
         self._membership.add_model(profile)
         self.load_errors.pop(model, None)
-        return ServedModel(msgspec.structs.replace(info.config, name=model), profile, info.version, target.key)
+        config = msgspec.structs.replace(info.config, name=model)  # clients see the model's own name
+        return ServedModel(config, profile.renamed(model), info.version, target.key)
 
     async def _drain(self, key: str, timeout_s: float) -> None:
         """Wait until the requests admitted for ``key`` are answered (by their deadlines), at most ``timeout_s``."""

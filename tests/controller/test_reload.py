@@ -134,3 +134,25 @@ def test_changes_of_one_model_at_once_take_turns() -> None:
         assert plane.model_ready("a") and sorted(handle.worker.profiles()) == ["a", "b"]
 
     with_service(test)
+
+
+def test_an_answer_names_a_reloaded_model_as_its_users_do() -> None:
+    async def scenario() -> None:
+        service = ControllerService(default_slo_ms=500)
+        huge = {"big": profile("big", pages=10_000)}  # more pages than the device's pool
+        handle = InProcessWorker(
+            "small", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], huge, sink, NoiseModel.exact()),
+            service, asyncio.get_running_loop(),
+        )  # fmt: skip
+        handle.join()
+        plane = DataPlane(service)
+        try:
+            await service.reload_model("big")
+            with pytest.raises(InferenceError) as refused:
+                await plane.infer("big", None, [tensor(np.ones((1, 3), np.float32))], None, {})
+            assert "model 'big' does not fit on any device" in str(refused.value)  # was: 'big@2'
+        finally:
+            await service.drain(1.0)
+            handle.close("test over")
+
+    asyncio.run(scenario())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import random
@@ -225,6 +226,9 @@ class ControllerService:
                 self._open[request.model] = left
             else:
                 del self._open[request.model]
+            name = served_name(request.model)
+            if name != request.model and request.model in response.reason:  # a reloaded model's internal name
+                response = dataclasses.replace(response, reason=response.reason.replace(request.model, name))
             if not future.done():
                 future.set_result((response, output))
 

@@ -37,6 +37,8 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--devices", help="local devices, comma-separated (default: every CUDA GPU, else cpu)")
     p.add_argument("--pool-mib", type=int, help="weight pool per device in MiB")
     p.add_argument("--log-dir", help="write request and action logs (TSV) here, for `mainspring analyze`")
+    p.add_argument("--repository-poll-s", type=float,
+                   help="every this many s, serve what changed in the repository (default 0: off)")  # fmt: skip
     p.add_argument(
         "--pin-cpu-workers",
         action="store_true",
@@ -80,6 +82,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "devices",
             "pool_mib",
             "log_dir",
+            "repository_poll_s",
             "pin_cpu_workers",
         )
     }

@@ -37,6 +37,7 @@ from mainspring.frontend.dataplane import DataPlane
 from mainspring.frontend.http import make_app
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.remote import TOKEN_ENV, FrontendSpec
+from mainspring.frontend.repository_poll import RepositoryPoller
 from mainspring.models.repository import ModelRepository
 from mainspring.ray_cluster import RayPlacer, RayWorkers
 from mainspring.serve_config import LOOPBACK, ServeConfig, ensure_repository
@@ -94,6 +95,7 @@ class Server:
         self._frontend_hub: FrontendHub | None = None
         self._channel_dir: tempfile.TemporaryDirectory[str] | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        self._poller: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._ready = False
 
@@ -136,6 +138,8 @@ class Server:
             await self._wait_for_workers(len(self._local))
         if self._local or self._frontends:
             self._supervisor = asyncio.create_task(self._supervise())
+        if config.repository_poll_s:
+            self._start_polling()
         self._ready = not self._stop.is_set()  # else a stop came while the workers loaded
 
     def _check_devices(self) -> None:
@@ -273,7 +277,22 @@ class Server:
         await self._stop.wait()
         await self.stop()
 
+    def _start_polling(self) -> None:
+        """Triton's poll mode: from now on, what changes in the repository is served."""
+        if self.repo is None:
+            log.warning("repository_poll_s is set, but this controller has no repository to read (%s)",
+                        self.config.repo_path)  # fmt: skip
+            return
+        poller = RepositoryPoller(self.service, self.repo, self.config.repository_poll_s)
+        self._poller = asyncio.create_task(poller.run())
+        log.info("polling %s every %g s: new models are loaded, changed ones reloaded, removed ones unloaded",
+                 self.repo.root, self.config.repository_poll_s)  # fmt: skip
+
     async def stop(self) -> None:
+        if self._poller is not None:  # no model load starts during the drain
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
         if self._ray is not None:  # before the drain: no worker is placed again meanwhile
             self._ray.stop_placing()
         if self._supervisor is not None:

@@ -54,6 +54,9 @@ class ServeConfig:
     max_restarts_per_minute: int = 5  # per local worker
     max_outstanding: int = 100_000  # unanswered requests; past it 429 (bounds memory under a flood)
     log_dir: str = ""  # write request and action logs (TSV) here, for `mainspring analyze`
+    # Triton's poll mode: every this many seconds, load new models, reload changed ones in place and
+    # unload removed ones (frontend/repository_poll.py); 0: the repository changes only through its API.
+    repository_poll_s: float = 0.0
     max_outstanding_mib: int = 512  # their input tensors (the server holds about 3x this); past it 429
     # The controller's event loop this far behind: new requests 429 (its CPU is spent); 0: half of slo_ms.
     max_loop_lag_ms: float = 0.0
@@ -90,6 +93,8 @@ class ServeConfig:
             problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must lie in [0, slo_ms)")
         if self.event_loop not in ("asyncio", "uvloop"):
             problems.append(f"event_loop={self.event_loop!r} must be 'asyncio' or 'uvloop'")
+        if self.repository_poll_s < 0:
+            problems.append(f"repository_poll_s={self.repository_poll_s} must not be negative (0: no polling)")
         if self.max_loop_lag_ms < 0:
             problems.append(f"max_loop_lag_ms={self.max_loop_lag_ms} must not be negative")
         if self.ray and self.workers != "local":

@@ -13,6 +13,7 @@ and nothing it names may lead outside the repository, through ``..`` or a symbol
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -85,6 +86,17 @@ class ModelRepository:
     def _inside(self, path: Path) -> bool:
         """``path`` (a plain name below the root) stays inside the repository once links are followed."""
         return MODEL_NAME.fullmatch(path.name) is not None and path.resolve().is_relative_to(self.root.resolve())
+
+    def fingerprint(self, model: str) -> tuple[tuple[str, int, int], ...]:
+        """What changes when anything in the model's folder does: each file's path, size and modification time."""
+        folder = self._folder(model)
+        files = []
+        for path in folder.rglob("*"):
+            with contextlib.suppress(OSError):  # a file removed while the folder is read
+                if path.is_file():
+                    stat = path.stat()
+                    files.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
+        return tuple(sorted(files))
 
     def config(self, model: str, version: int | None = None) -> ModelConfig:
         if self.is_triton(model):

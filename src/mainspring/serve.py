@@ -31,13 +31,13 @@ import msgspec
 from aiohttp import web
 
 from mainspring.controller.frontends import FrontendHub
+from mainspring.controller.repository_poll import RepositoryPoller
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.access import Access
 from mainspring.frontend.dataplane import DataPlane
 from mainspring.frontend.http import make_app
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.remote import TOKEN_ENV, FrontendSpec
-from mainspring.frontend.repository_poll import RepositoryPoller
 from mainspring.models.repository import ModelRepository
 from mainspring.ray_cluster import RayPlacer, RayWorkers
 from mainspring.serve_config import LOOPBACK, ServeConfig, ensure_repository

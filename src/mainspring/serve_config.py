@@ -55,7 +55,7 @@ class ServeConfig:
     max_outstanding: int = 100_000  # unanswered requests; past it 429 (bounds memory under a flood)
     log_dir: str = ""  # write request and action logs (TSV) here, for `mainspring analyze`
     # Triton's poll mode: every this many seconds, load new models, reload changed ones in place and
-    # unload removed ones (frontend/repository_poll.py); 0: the repository changes only through its API.
+    # unload removed ones (controller/repository_poll.py); 0: the repository changes only through its API.
     repository_poll_s: float = 0.0
     max_outstanding_mib: int = 512  # their input tensors (the server holds about 3x this); past it 429
     # The controller's event loop this far behind: new requests 429 (its CPU is spent); 0: half of slo_ms.

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from mainspring.controller.service import ServiceError
-from mainspring.frontend.port import ControllerPort
+from mainspring.controller.service import ControllerService, ServiceError
 from mainspring.models.repository import ModelLoadError, ModelRepository
 
 log = logging.getLogger(__name__)
@@ -23,7 +22,7 @@ Fingerprints = dict[str, tuple[tuple[str, int, int], ...]]
 
 
 class RepositoryPoller:
-    def __init__(self, service: ControllerPort, repo: ModelRepository, period_s: float) -> None:
+    def __init__(self, service: ControllerService, repo: ModelRepository, period_s: float) -> None:
         if period_s <= 0:
             raise ValueError(f"repository_poll_s must be positive, got {period_s}")
         self.service = service

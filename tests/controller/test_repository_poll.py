@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from mainspring.controller.repository_poll import RepositoryPoller
 from mainspring.controller.service import ControllerService
-from mainspring.frontend.repository_poll import RepositoryPoller
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol import DeviceSpec
 from mainspring.transport.inprocess import InProcessWorker

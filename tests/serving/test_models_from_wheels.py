@@ -82,6 +82,9 @@ def test_a_triton_repository_is_served_and_its_refusals_listed(tmp_path: Path) -
         tensor.set_data_from_numpy(x)
         (expected,) = run_onnx(repo.model_file("onnx_mlp"), {"x": x})
         np.testing.assert_allclose(http.infer("onnx_mlp", [tensor]).as_numpy("y"), expected, rtol=1e-5, atol=1e-6)
+        # Triton's platform names, in metadata and config alike (was: "pytorch_onnx", "pytorch_torchscript")
+        assert http.get_model_metadata("onnx_mlp")["platform"] == "onnxruntime_onnx"
+        assert http.get_model_config("torch_mlp")["platform"] == "pytorch_libtorch"
         # classification names the classes from the config's label_filename, as Triton does
         wanted = httpclient.InferRequestedOutput("y", class_count=2)
         top = http.infer("onnx_mlp", [tensor], outputs=[wanted]).as_numpy("y")

@@ -30,6 +30,13 @@ from mainspring.time import NS_PER_MS, NS_PER_US
 
 log = logging.getLogger(__name__)
 
+# Triton's platform names where Triton has one (what its clients and tools branch on); ours elsewhere.
+PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch"}
+
+
+def platform(model_format: str) -> str:
+    return PLATFORMS.get(model_format, f"pytorch_{model_format}")
+
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "parameters", "classification"]
 __all__ = ["HTTP_STATUS", "DataPlane", "InferenceError", "Tensor", "decode_tensor"]
 
@@ -104,7 +111,7 @@ class DataPlane:
         return {
             "name": name,
             "versions": [str(served.version)],
-            "platform": f"pytorch_{config.format}",
+            "platform": platform(config.format),
             "inputs": specs(config.inputs),
             "outputs": specs(config.outputs),
         }
@@ -121,7 +128,7 @@ class DataPlane:
         def triton(tensors: Sequence[Any]) -> list[dict[str, Any]]:
             return [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.shape[1:])} for t in tensors]
 
-        config["platform"] = f"pytorch_{served.config.format}"
+        config["platform"] = platform(served.config.format)
         config["input"] = triton(served.config.inputs)
         config["output"] = triton(served.config.outputs)
         config["dynamic_batching"] = {"preferred_batch_size": list(served.config.batch_sizes)}

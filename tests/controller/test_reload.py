@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
 
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.dataplane import DataPlane, InferenceError
+from mainspring.models.profile import ModelProfile
 from mainspring.protocol import DeviceSpec
 from mainspring.transport.inprocess import InProcessWorker
 from mainspring.worker.emulated_worker import EmulatedWorker
@@ -35,6 +37,27 @@ async def keep_asking(plane: DataPlane, model: str, stop: asyncio.Event, clients
 
     await asyncio.gather(*(client(i) for i in range(clients)))
     return answered, failures
+
+
+def with_one_device(
+    profiles: dict[str, ModelProfile], test: Callable[[ControllerService, DataPlane], Awaitable[None]]
+) -> None:
+    """``test`` on a fresh service with one worker of one emulated device serving ``profiles``."""
+
+    async def scenario() -> None:
+        service = ControllerService(default_slo_ms=500)
+        handle = InProcessWorker(
+            "emulated", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], profiles, sink, NoiseModel.exact()),
+            service, asyncio.get_running_loop(),
+        )  # fmt: skip
+        handle.join()
+        try:
+            await test(service, DataPlane(service))
+        finally:
+            await service.drain(1.0)
+            handle.close("test over")
+
+    asyncio.run(scenario())
 
 
 def test_a_reload_in_place_answers_every_request_and_retires_the_old_load() -> None:
@@ -95,28 +118,17 @@ def test_a_worker_that_joins_later_serves_what_is_served_not_what_it_holds() -> 
 
 
 def test_a_restarted_controller_serves_a_reloaded_model_under_the_name_its_worker_holds() -> None:
-    async def scenario() -> None:
-        service = ControllerService(default_slo_ms=500)
-        held = {"a@2": profile("a@2", exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2)}  # reloaded before the restart
-        handle = InProcessWorker(
-            "rejoined", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], held, sink, NoiseModel.exact()),
-            service, asyncio.get_running_loop(),
-        )  # fmt: skip
-        handle.join()
-        plane = DataPlane(service)
-        try:
-            assert sorted(service.models) == ["a"] and service.models["a"].key == "a@2"
-            assert service.models["a"].config.name == "a"  # what clients read
-            assert plane.model_config("a")["profile"]["model"] == "a"
-            _, outputs = await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})
-            np.testing.assert_array_equal(outputs[0].data, np.ones((1, 3), np.float32))
-            with pytest.raises(InferenceError, match="unknown model 'a@2'"):
-                await plane.infer("a@2", None, [tensor(np.ones((1, 3), np.float32))], None, {})
-        finally:
-            await service.drain(1.0)
-            handle.close("test over")
+    async def test(service: ControllerService, plane: DataPlane) -> None:
+        assert sorted(service.models) == ["a"] and service.models["a"].key == "a@2"
+        assert service.models["a"].config.name == "a"  # what clients read
+        assert plane.model_config("a")["profile"]["model"] == "a"
+        _, outputs = await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})
+        np.testing.assert_array_equal(outputs[0].data, np.ones((1, 3), np.float32))
+        with pytest.raises(InferenceError, match="unknown model 'a@2'"):
+            await plane.infer("a@2", None, [tensor(np.ones((1, 3), np.float32))], None, {})
 
-    asyncio.run(scenario())
+    # the worker reloaded a before the controller restarted
+    with_one_device({"a@2": profile("a@2", exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2)}, test)
 
 
 def test_changes_of_one_model_at_once_take_turns() -> None:
@@ -137,22 +149,10 @@ def test_changes_of_one_model_at_once_take_turns() -> None:
 
 
 def test_an_answer_names_a_reloaded_model_as_its_users_do() -> None:
-    async def scenario() -> None:
-        service = ControllerService(default_slo_ms=500)
-        huge = {"big": profile("big", pages=10_000)}  # more pages than the device's pool
-        handle = InProcessWorker(
-            "small", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], huge, sink, NoiseModel.exact()),
-            service, asyncio.get_running_loop(),
-        )  # fmt: skip
-        handle.join()
-        plane = DataPlane(service)
-        try:
-            await service.reload_model("big")
-            with pytest.raises(InferenceError) as refused:
-                await plane.infer("big", None, [tensor(np.ones((1, 3), np.float32))], None, {})
-            assert "model 'big' does not fit on any device" in str(refused.value)  # was: 'big@2'
-        finally:
-            await service.drain(1.0)
-            handle.close("test over")
+    async def test(service: ControllerService, plane: DataPlane) -> None:
+        await service.reload_model("big")
+        with pytest.raises(InferenceError) as refused:
+            await plane.infer("big", None, [tensor(np.ones((1, 3), np.float32))], None, {})
+        assert "model 'big' does not fit on any device" in str(refused.value)  # was: 'big@2'
 
-    asyncio.run(scenario())
+    with_one_device({"big": profile("big", pages=10_000)}, test)  # more pages than the device's pool

@@ -380,6 +380,33 @@ def mlp_answers(url: str, data: np.ndarray) -> tuple[str, np.ndarray]:
     return result.get_response()["model_version"], result.as_numpy("logits")
 
 
+class MlpClients:
+    """Clients asking ``mlp`` back to back until the block ends: each answer's version, each failure."""
+
+    def __init__(self, url: str, data: np.ndarray, count: int = 1) -> None:
+        self.versions: list[str] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._ask, args=(url, data)) for _ in range(count)]
+
+    def _ask(self, url: str, data: np.ndarray) -> None:
+        while not self._stop.is_set():
+            try:
+                self.versions.append(mlp_answers(url, data)[0])
+            except InferenceServerException as error:
+                self.failures.append(f"{error.status()} {error.message()}")
+
+    def __enter__(self) -> MlpClients:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+
 def test_a_changed_model_is_reloaded_in_place_while_it_serves(
     server: ServerProcess, http: httpclient.InferenceServerClient, tmp_path: Path
 ) -> None:
@@ -389,26 +416,13 @@ def test_a_changed_model_is_reloaded_in_place_while_it_serves(
     other = ModelRepository(tmp_path)
     export_zoo_model(other, "mlp", seed=1)  # the same model with other weights, as version 2
     shutil.copytree(other.path("mlp", 1), repo.path("mlp", 1).parent / "2")
-    stop, failures, versions = threading.Event(), [], []
-
-    def client() -> None:
-        while not stop.is_set():
-            try:
-                versions.append(mlp_answers(server.http, data)[0])
-            except InferenceServerException as error:
-                failures.append(f"{error.status()} {error.message()}")
-
-    clients = [threading.Thread(target=client) for _ in range(3)]
     try:
-        for thread in clients:
-            thread.start()
-        time.sleep(0.3)
-        http.load_model("mlp")  # was: a 400 telling to unload, then load
-        assert http.get_model_metadata("mlp")["versions"] == ["2"]
-        time.sleep(0.3)
-        stop.set()
-        for thread in clients:
-            thread.join()
+        with MlpClients(server.http, data, count=3) as clients:
+            time.sleep(0.3)
+            http.load_model("mlp")  # was: a 400 telling to unload, then load
+            assert http.get_model_metadata("mlp")["versions"] == ["2"]
+            time.sleep(0.3)
+        failures, versions = clients.failures, clients.versions
         assert failures == [] and versions[0] == "1" and versions[-1] == "2", (failures, versions)
         version, logits = mlp_answers(server.http, data)
         with torch.inference_mode():
@@ -416,7 +430,6 @@ def test_a_changed_model_is_reloaded_in_place_while_it_serves(
         assert version == "2"
         np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
     finally:
-        stop.set()
         shutil.rmtree(repo.path("mlp", 1).parent / "2", ignore_errors=True)
         http.load_model("mlp")  # back to version 1, in place again
     version, logits = mlp_answers(server.http, data)

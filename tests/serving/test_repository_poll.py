@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from pathlib import Path
 
 import numpy as np
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
 
 from mainspring.models.loading import export_zoo_model
 from mainspring.models.repository import ModelRepository
 from tests.serving.processes import ServerProcess, http_call
-from tests.serving.test_kserve import mlp_answers
+from tests.serving.test_kserve import MlpClients
 from tests.serving.test_worker_loss import wait_for
 
 
@@ -24,36 +22,22 @@ def test_a_polled_repository_is_served_as_it_changes(small_zoo: ModelRepository,
     flags = ("--repository-poll-s", "0.2", "--slo-ms", "30000")
     server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", *flags)
     data = np.random.default_rng(0).standard_normal((1, 256), dtype=np.float32)
-    stop, failures, versions = threading.Event(), [], []
-
-    def client() -> None:
-        while not stop.is_set():
-            try:
-                versions.append(mlp_answers(server.http, data)[0])
-            except InferenceServerException as error:
-                failures.append(f"{error.status()} {error.message()}")
-
-    thread = threading.Thread(target=client)
     try:
         server.wait_ready()
         base = f"http://{server.http}/v2"
-        thread.start()
-        (tmp_path / "other").mkdir()
-        export_zoo_model(ModelRepository(tmp_path / "other"), "mlp", seed=1)
-        shutil.copytree(tmp_path / "other" / "mlp" / "1", tmp_path / "staging")
-        (tmp_path / "staging").rename(repo.path("mlp", 1).parent / "2")  # whole, at once: as a deployment would
-        wait_for(lambda: json.loads(http_call(f"{base}/models/mlp")[1])["versions"] == ["2"], 60)
-        shutil.rmtree(tmp_path / "repo" / "bert_tiny")
-        wait_for(lambda: http_call(f"{base}/models/bert_tiny")[0] == 404, 60)
-        stop.set()
-        thread.join()
-        assert failures == [] and versions[0] == "1" and versions[-1] == "2", (failures, versions[:3], versions[-3:])
+        with MlpClients(server.http, data) as clients:
+            (tmp_path / "other").mkdir()
+            export_zoo_model(ModelRepository(tmp_path / "other"), "mlp", seed=1)
+            shutil.copytree(tmp_path / "other" / "mlp" / "1", tmp_path / "staging")
+            (tmp_path / "staging").rename(repo.path("mlp", 1).parent / "2")  # whole, at once: as a deployment would
+            wait_for(lambda: json.loads(http_call(f"{base}/models/mlp")[1])["versions"] == ["2"], 60)
+            shutil.rmtree(tmp_path / "repo" / "bert_tiny")
+            wait_for(lambda: http_call(f"{base}/models/bert_tiny")[0] == 404, 60)
+        versions = clients.versions
+        assert clients.failures == [] and versions[0] == "1" and versions[-1] == "2", (clients.failures, versions[-3:])
         log = (tmp_path / "server.log").read_text()
         assert "repository poll: mlp: changed, reloaded" in log
         assert "repository poll: bert_tiny: gone from the repository, unloaded" in log
         assert httpclient.InferenceServerClient(server.http).is_model_ready("resnet18")  # untouched
     finally:
-        stop.set()
-        if thread.is_alive():
-            thread.join()
         assert server.stop() == 0, (tmp_path / "server.log").read_text()

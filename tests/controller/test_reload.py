@@ -78,6 +78,8 @@ def test_a_reload_in_place_answers_every_request_and_retires_the_old_load() -> N
         assert b'model="a@2"' not in exposition and b'model="a"' in exposition
         await service.reload_model("a")  # again: another internal name
         assert service.models["a"].key == "a@3" and sorted(handle.worker.profiles()) == ["a@3", "b"]
+        changes = await service.exposition()
+        assert b'mainspring_model_changes_total{change="reload",model="a",result="done"} 2.0' in changes
         _, outputs = await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})
         np.testing.assert_array_equal(outputs[0].data, np.ones((1, 3), np.float32))
 

@@ -51,6 +51,11 @@ def test_the_poller_loads_reloads_and_unloads_what_changed_and_tries_a_failure_o
             assert await poller.poll() == []  # tried once per change, not on every poll
             repo.write(echo_config("d", (1, 2)))
             assert (await poller.poll())[0].startswith("d: ")  # changed again: tried again
+            changes = (await service.exposition()).decode()
+            for change, model, result, count in [("load", "c", "done", 1), ("reload", "a", "done", 1),
+                                                 ("unload", "b", "done", 1), ("load", "d", "failed", 2)]:  # fmt: skip
+                line = f'mainspring_model_changes_total{{change="{change}",model="{model}",result="{result}"}}'
+                assert f"{line} {count:.1f}" in changes, changes
         finally:
             await service.drain(1.0)
             handle.close("test over")

@@ -425,7 +425,7 @@ class ControllerService:
 
     # --- repository ---------------------------------------------------------------------------
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
-        async with self._change(model):
+        async with self._change(model, "load"):
             if model not in self.models:  # served already, or once a change this one waited for finished
                 self.models[model] = await self._load_everywhere(ModelTarget(model), timeout_s)
                 self._unloaded.discard(model)
@@ -436,7 +436,7 @@ class ControllerService:
         """Serve the repository's entry for ``model`` anew without refusing a request (Triton's load of a
         loaded model): load it beside the one served, under an internal name; send new requests there;
         let those admitted finish on the old; then unload the old. A load that fails leaves the old served."""
-        async with self._change(model):
+        async with self._change(model, "reload"):
             old = self.models.get(model)
             if old is None:
                 raise ServiceError("not_found", f"model {model!r} is not loaded")
@@ -459,7 +459,7 @@ class ControllerService:
         deadline at the latest, so ``timeout_s`` only bounds a bug), then unload it everywhere."""
         if model not in self.models or model in self._unloading:
             raise ServiceError("not_found", f"model {model!r} is not loaded")
-        async with self._change(model):
+        async with self._change(model, "unload"):
             served = self.models.get(model)
             if served is None:
                 raise ServiceError("not_found", f"model {model!r} is not loaded")
@@ -474,11 +474,19 @@ class ControllerService:
             await self._retire(served.key, timeout_s)
 
     @contextlib.asynccontextmanager
-    async def _change(self, model: str) -> AsyncIterator[None]:
+    async def _change(self, model: str, change: str) -> AsyncIterator[None]:
         """One load, reload or unload of ``model`` at a time: another waits its turn (each is bounded by
-        its timeout), then sees what the one before did."""
+        its timeout), then sees what the one before did. Counted by result, a load of a served model apart."""
         async with self._changing.setdefault(model, asyncio.Lock()):  # kept: one per model name ever changed
-            yield
+            served_before = model in self.models
+            try:
+                yield
+            except ServiceError as error:
+                if error.kind != "not_found":  # a change asked of a model not served is refused, not failed
+                    self.metrics.model_changes.labels(model, change, "failed").inc()
+                raise
+            if change != "load" or not served_before:
+                self.metrics.model_changes.labels(model, change, "done").inc()
 
     async def _load_everywhere(self, target: ModelTarget, timeout_s: float, keep_reason: bool = True) -> ServedModel:
         """Load ``target`` on every worker and into the policy; on a failure anywhere, nowhere (the reason

@@ -37,6 +37,7 @@ PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch"}
 def platform(model_format: str) -> str:
     return PLATFORMS.get(model_format, f"pytorch_{model_format}")
 
+
 EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "parameters", "classification"]
 __all__ = ["HTTP_STATUS", "DataPlane", "InferenceError", "Tensor", "decode_tensor"]
 

@@ -87,6 +87,12 @@ class ServingMetrics:
             "past max_loop_lag_ms new requests get 429",
             registry=r,
         )
+        self.model_changes = Counter(
+            "mainspring_model_changes",
+            "Models loaded, reloaded in place and unloaded (repository API or its polling), by result",
+            ["model", "change", "result"],
+            registry=r,
+        )
         self.devices = Gauge("mainspring_devices", "Connected devices", registry=r)
         self.models = Gauge("mainspring_models", "Models served", registry=r)
         self.model_stats: dict[str, ModelStats] = {}

@@ -77,6 +77,10 @@ def test_each_miss_gets_its_cause(tmp_path: Path) -> None:
     assert {cause: entry.count for cause, entry in analysis.causes.items()} == CAUSES
     assert analysis.refused_actions == {"infer: window closed N ms before": 1}
     assert len(analysis.infer_error_ms) == 5
+    # a request served late has no reason of its own: the example says how late, and its batch's time
+    slow = analysis.causes["served late: the batch ran longer than predicted"].example
+    assert slow == "request 3: answered 31.0 ms after its deadline; its batch of 1 ran 130.0 ms against 20.0 predicted"
+    assert analysis.causes["rejected at arrival: the deadline could not be met"].example == "request 6: needs 120 ms"
 
 
 def test_misses_are_set_beside_the_workers_speed_and_load_over_time(tmp_path: Path) -> None:

@@ -148,13 +148,26 @@ def analyze(directory: Path, run: str) -> Analysis:
         entry = causes[cause]
         entry.count += 1
         entry.models[request["model"]] += 1
-        entry.example = entry.example or f"request {request['request_id']}: {request['reason'][:120]}"
+        entry.example = entry.example or f"request {request['request_id']}: {_detail(request, actions)[:120]}"
     ordered = dict(sorted(causes.items(), key=lambda item: -item[1].count))
     windows = speed_over_time(requests, actions)
     return Analysis(run, len(requests), good, ordered, refused, errors, windows)
 
 
 _FIGURE = re.compile(r"\d+(\.\d+)?")
+
+
+def _detail(request: dict[str, str], actions: dict[int, dict[str, str]]) -> str:
+    """The request's reason; for one served late (which has none), how late, and its batch's time against the plan."""
+    if request["reason"] or request["status"] != SUCCESS:
+        return request["reason"]
+    late = ns_to_ms(int(request["answered_ns"]) - int(request["deadline_ns"]))
+    action = actions.get(int(request["action_id"]))
+    if action is None:
+        return f"answered {late:.1f} ms after its deadline"
+    ran, expected = ns_to_ms(int(action["end_ns"]) - int(action["begin_ns"])), ns_to_ms(int(action["expected_ns"]))
+    return (f"answered {late:.1f} ms after its deadline; its batch of {action['requests']} ran {ran:.1f} ms "
+            f"against {expected:.1f} predicted")  # fmt: skip
 
 
 def speed_over_time(

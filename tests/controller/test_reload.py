@@ -9,10 +9,11 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import pytest
 
-from mainspring.controller.service import ControllerService
+from mainspring.controller.service import ControllerService, ServiceError
 from mainspring.frontend.dataplane import DataPlane, InferenceError
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import DeviceSpec
+from mainspring.protocol.models import ModelOperation, ModelTarget
 from mainspring.transport.inprocess import InProcessWorker
 from mainspring.worker.emulated_worker import EmulatedWorker
 from mainspring.worker.runtimes.emulated import NoiseModel
@@ -158,3 +159,36 @@ def test_an_answer_names_a_reloaded_model_as_its_users_do() -> None:
         assert "model 'big' does not fit on any device" in str(refused.value)  # was: 'big@2'
 
     with_one_device({"big": profile("big", pages=10_000)}, test)  # more pages than the device's pool
+
+
+class DeafToLoads(InProcessWorker):
+    """A worker that never answers a load: as one whose model file hangs its reader."""
+
+    def model_op(self, op_id: int, op: ModelOperation, target: ModelTarget) -> None:
+        if op is not ModelOperation.LOAD:
+            super().model_op(op_id, op, target)
+
+
+def test_a_reload_a_worker_does_not_answer_leaves_no_load_behind() -> None:
+    async def test(service: ControllerService, plane: DataPlane, first: InProcessWorker) -> None:
+        profiles = {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in ("a", "b")}
+        deaf = DeafToLoads(
+            "deaf", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], profiles, sink, NoiseModel.exact()),
+            service, asyncio.get_running_loop(),
+        )  # fmt: skip
+        deaf.join()
+        try:
+            with pytest.raises(ServiceError, match="did not answer in"):
+                await service.reload_model("a", timeout_s=0.3)
+            assert service.models["a"].key == "a"  # still served as it was
+            for _ in range(100):  # the unload that cleans up is answered on the worker's thread
+                if sorted(first.worker.profiles()) == ["a", "b"]:
+                    break
+                await asyncio.sleep(0.01)
+            assert sorted(first.worker.profiles()) == ["a", "b"]  # was: it kept a@2, which nothing would unload
+            _, outputs = await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})
+            np.testing.assert_array_equal(outputs[0].data, np.ones((1, 3), np.float32))
+        finally:
+            deaf.close("test over")
+
+    with_service(test)

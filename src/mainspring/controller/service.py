@@ -494,7 +494,12 @@ class ControllerService:
         model = target.model
         if not self._handles:
             raise ServiceError("unavailable", "no worker is connected")
-        replies = await self._model_op(ModelOperation.LOAD, target, timeout_s)
+        try:
+            replies = await self._model_op(ModelOperation.LOAD, target, timeout_s)
+        except ServiceError:  # a worker did not answer in time: the others must not keep what they loaded
+            with contextlib.suppress(ServiceError):
+                await self._model_op(ModelOperation.UNLOAD, target, timeout_s)
+            raise
         failed = [r for r in replies if r.error]
         if failed or not replies:
             if len(failed) < len(replies):

@@ -71,7 +71,8 @@ def _paths() -> dict[str, Any]:
         "/v2/repository/models/{model}/load": {
             "post": _optional_body(
                 _op(
-                    "load a model (Triton's config and file overrides are refused)",
+                    "load a model; a served one whose repository entry changed is reloaded in place "
+                    "(Triton's config and file overrides are refused)",
                     _ok("loaded"),
                     400,
                     404,

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import threading
 
 import pytest
+import zmq
+import zmq.asyncio
 
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol.pages import MIB
+from mainspring.transport.security import report_failed_handshakes
 from mainspring.transport.zmq_hub import WorkerHub
 from mainspring.worker import process
 from mainspring.worker.process import WorkerConnection
@@ -76,3 +80,33 @@ def test_only_a_worker_with_the_secret_joins(
         }[worker_secret]
         assert cause in failed[0] and "(MAINSPRING_WORKER_SECRET)" in failed[0]
         assert len(failed) <= 2  # retries every 0.1 s are counted, not logged one by one
+
+
+def test_a_handshake_closed_without_a_cause_waits_for_the_retry_that_names_it(caplog: pytest.LogCaptureFixture) -> None:
+    """Seen under load: the first failed handshake came as NO_DETAIL (errno 32, the peer closed), and the
+    log gave that instead of the cause the next attempt named."""
+
+    async def scenario() -> None:
+        context = zmq.asyncio.Context()
+        monitor, feed = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+        monitor.bind("inproc://monitor")
+        feed.connect("inproc://monitor")
+        reporting = asyncio.create_task(report_failed_handshakes(monitor, "tcp://127.0.0.1:1", has_secret=False))
+        closed = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)
+        mismatch = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        for event, value in (closed, mismatch):
+            await feed.send_multipart([struct.pack("=hi", event, value), b"tcp://127.0.0.1:1"])
+        for _ in range(100):
+            if "failed the handshake" in caplog.text:
+                break
+            await asyncio.sleep(0.01)
+        reporting.cancel()
+        monitor.close()
+        feed.close()
+        context.term()
+
+    caplog.set_level(logging.INFO, "mainspring.transport.security")
+    asyncio.run(scenario())
+    (warning,) = [r.getMessage() for r in caplog.records if "failed the handshake" in r.getMessage()]
+    assert "(2 since the last such warning)" in warning
+    assert "the connecting side has a worker secret; this controller has none" in warning

@@ -27,6 +27,7 @@ HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
 HANDSHAKE_LOG_EVERY_S = 10.0  # a worker retrying with the wrong secret is reported this often, with a count
+UNEXPLAINED_BEFORE_LOG = 5  # failures without a named cause in a row before one is reported as it is
 
 
 def curve_pair(secret: str, role: str) -> tuple[bytes, bytes]:
@@ -73,7 +74,7 @@ async def report_failed_handshakes(monitor: zmq.asyncio.Socket, endpoint: str, h
     """Log connections to the controller that fail their handshake (``monitor``: the socket's
     ``HANDSHAKE_FAILED`` events). A worker whose secret differs, or that has one where the
     controller has none (or the reverse), is otherwise refused in silence on both sides."""
-    failed, last_logged = 0, float("-inf")
+    failed, unexplained, last_logged = 0, 0, float("-inf")
     while True:
         event = parse_monitor_message(await monitor.recv_multipart())
         failed += 1
@@ -85,7 +86,13 @@ async def report_failed_handshakes(monitor: zmq.asyncio.Socket, endpoint: str, h
         elif event["value"] == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
             cause = "its worker secret is not this controller's"
         else:
+            # A connection closed mid-handshake (NO_DETAIL, errno 32) often comes first, and the
+            # retry a moment later names the cause: say it without one only when it keeps coming.
+            unexplained += 1
+            if unexplained < UNEXPLAINED_BEFORE_LOG:
+                continue
             cause = f"{zmq.Event(event['event']).name}, {event['value']}"
+        unexplained = 0
         log.warning("a connection to %s failed the handshake (%d since the last such warning): %s (%s)",
                     endpoint, failed, cause, SECRET_ENV)  # fmt: skip
         failed, last_logged = 0, time.monotonic()

@@ -4,20 +4,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
 
 from mainspring.controller.service import ControllerService, ServiceError
 from mainspring.frontend.dataplane import DataPlane, InferenceError
-from mainspring.models.profile import ModelProfile
-from mainspring.protocol import DeviceSpec
 from mainspring.protocol.models import ModelOperation, ModelTarget
 from mainspring.transport.inprocess import InProcessWorker
-from mainspring.worker.emulated_worker import EmulatedWorker
-from mainspring.worker.runtimes.emulated import NoiseModel
-from tests.controller.test_service import tensor, with_service
+from tests.controller.test_service import emulated, tensor, with_service
 from tests.fakes import profile
 
 
@@ -38,27 +33,6 @@ async def keep_asking(plane: DataPlane, model: str, stop: asyncio.Event, clients
 
     await asyncio.gather(*(client(i) for i in range(clients)))
     return answered, failures
-
-
-def with_one_device(
-    profiles: dict[str, ModelProfile], test: Callable[[ControllerService, DataPlane], Awaitable[None]]
-) -> None:
-    """``test`` on a fresh service with one worker of one emulated device serving ``profiles``."""
-
-    async def scenario() -> None:
-        service = ControllerService(default_slo_ms=500)
-        handle = InProcessWorker(
-            "emulated", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], profiles, sink, NoiseModel.exact()),
-            service, asyncio.get_running_loop(),
-        )  # fmt: skip
-        handle.join()
-        try:
-            await test(service, DataPlane(service))
-        finally:
-            await service.drain(1.0)
-            handle.close("test over")
-
-    asyncio.run(scenario())
 
 
 def test_a_reload_in_place_answers_every_request_and_retires_the_old_load() -> None:
@@ -91,12 +65,7 @@ def test_a_worker_that_joins_later_serves_what_is_served_not_what_it_holds() -> 
     async def test(service: ControllerService, plane: DataPlane, first: InProcessWorker) -> None:
         await plane.unload("b")
         await service.reload_model("a")
-        profiles = {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in ("a", "b")}
-        specs = [DeviceSpec(0, "v100"), DeviceSpec(1, "v100")]
-        second = InProcessWorker(  # registered every model of its repository under its own name at start
-            "later", lambda sink: EmulatedWorker(specs, profiles, sink, NoiseModel.exact()), service,
-            asyncio.get_running_loop(),
-        )  # fmt: skip
+        second = emulated(service, name="later")  # registered a and b under their own names at start
         second.join()
         try:
             for _ in range(200):
@@ -121,7 +90,7 @@ def test_a_worker_that_joins_later_serves_what_is_served_not_what_it_holds() -> 
 
 
 def test_a_restarted_controller_serves_a_reloaded_model_under_the_name_its_worker_holds() -> None:
-    async def test(service: ControllerService, plane: DataPlane) -> None:
+    async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
         assert sorted(service.models) == ["a"] and service.models["a"].key == "a@2"
         assert service.models["a"].config.name == "a"  # what clients read
         assert plane.model_config("a")["profile"]["model"] == "a"
@@ -131,7 +100,7 @@ def test_a_restarted_controller_serves_a_reloaded_model_under_the_name_its_worke
             await plane.infer("a@2", None, [tensor(np.ones((1, 3), np.float32))], None, {})
 
     # the worker reloaded a before the controller restarted
-    with_one_device({"a@2": profile("a@2", exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2)}, test)
+    with_service(test, models=("a@2",), devices=1)
 
 
 def test_changes_of_one_model_at_once_take_turns() -> None:
@@ -152,13 +121,13 @@ def test_changes_of_one_model_at_once_take_turns() -> None:
 
 
 def test_an_answer_names_a_reloaded_model_as_its_users_do() -> None:
-    async def test(service: ControllerService, plane: DataPlane) -> None:
+    async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
         await service.reload_model("big")
         with pytest.raises(InferenceError) as refused:
             await plane.infer("big", None, [tensor(np.ones((1, 3), np.float32))], None, {})
         assert "model 'big' does not fit on any device" in str(refused.value)  # was: 'big@2'
 
-    with_one_device({"big": profile("big", pages=10_000)}, test)  # more pages than the device's pool
+    with_service(test, devices=1, profiles={"big": profile("big", pages=10_000)})  # more pages than the pool
 
 
 class DeafToLoads(InProcessWorker):
@@ -171,11 +140,7 @@ class DeafToLoads(InProcessWorker):
 
 def test_a_reload_a_worker_does_not_answer_leaves_no_load_behind() -> None:
     async def test(service: ControllerService, plane: DataPlane, first: InProcessWorker) -> None:
-        profiles = {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in ("a", "b")}
-        deaf = DeafToLoads(
-            "deaf", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], profiles, sink, NoiseModel.exact()),
-            service, asyncio.get_running_loop(),
-        )  # fmt: skip
+        deaf = emulated(service, devices=1, name="deaf", kind=DeafToLoads)
         deaf.join()
         try:
             with pytest.raises(ServiceError, match="did not answer in"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +12,7 @@ import pytest
 
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor
+from mainspring.models.profile import ModelProfile
 from mainspring.protocol import DeviceSpec, Outcome
 from mainspring.transport.inprocess import InProcessWorker
 from mainspring.worker.emulated_worker import EmulatedWorker
@@ -19,17 +20,34 @@ from mainspring.worker.runtimes.emulated import NoiseModel
 from tests.fakes import profile
 
 
+def emulated(
+    service: ControllerService,
+    models: Sequence[str] = ("a", "b"),
+    devices: int = 2,
+    name: str = "emulated",
+    profiles: Mapping[str, ModelProfile] | None = None,
+    kind: type[InProcessWorker] = InProcessWorker,
+) -> InProcessWorker:
+    """A worker (call on the loop; not joined) of ``devices`` exact emulated devices serving ``models``
+    at fast small profiles, or ``profiles``."""
+    served = profiles or {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in models}
+    specs = [DeviceSpec(i, "v100") for i in range(devices)]
+    return kind(name, lambda sink: EmulatedWorker(specs, served, sink, NoiseModel.exact()), service,
+                asyncio.get_running_loop())  # fmt: skip
+
+
 def with_service(
-    test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]], **options: Any
+    test: Callable[[ControllerService, DataPlane, InProcessWorker], Awaitable[None]],
+    models: Sequence[str] = ("a", "b"),
+    devices: int = 2,
+    profiles: Mapping[str, ModelProfile] | None = None,
+    **options: Any,
 ) -> None:
+    """``test`` on a fresh service (``options``) with one joined ``emulated`` worker."""
+
     async def scenario() -> None:
         service = ControllerService(default_slo_ms=500, **options)
-        profiles = {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in ("a", "b")}
-        specs = [DeviceSpec(0, "v100"), DeviceSpec(1, "v100")]
-        handle = InProcessWorker(
-            "emulated", lambda sink: EmulatedWorker(specs, profiles, sink, NoiseModel.exact()), service,
-            asyncio.get_running_loop(),
-        )  # fmt: skip
+        handle = emulated(service, models, devices, profiles=profiles)
         handle.join()
         try:
             await test(service, DataPlane(service), handle)

@@ -457,8 +457,6 @@ class ControllerService:
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
         """Refuse new requests for ``model``, let the admitted ones finish (each is answered by its
         deadline at the latest, so ``timeout_s`` only bounds a bug), then unload it everywhere."""
-        if model not in self.models or model in self._unloading:
-            raise ServiceError("not_found", f"model {model!r} is not loaded")
         async with self._change(model, "unload"):
             served = self.models.get(model)
             if served is None:

@@ -9,6 +9,7 @@ worker nor read actions and tensors off the wire. Without a secret the channel i
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -27,7 +28,7 @@ HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
 HANDSHAKE_LOG_EVERY_S = 10.0  # a worker retrying with the wrong secret is reported this often, with a count
-UNEXPLAINED_BEFORE_LOG = 5  # failures without a named cause in a row before one is reported as it is
+UNEXPLAINED_WAIT_S = 1.0  # how long a handshake closed without a cause waits for a retry that names one
 
 
 def curve_pair(secret: str, role: str) -> tuple[bytes, bytes]:
@@ -73,26 +74,47 @@ def secure_worker(socket: zmq.Socket[Any], secret: str) -> None:
 async def report_failed_handshakes(monitor: zmq.asyncio.Socket, endpoint: str, has_secret: bool) -> None:
     """Log connections to the controller that fail their handshake (``monitor``: the socket's
     ``HANDSHAKE_FAILED`` events). A worker whose secret differs, or that has one where the
-    controller has none (or the reverse), is otherwise refused in silence on both sides."""
-    failed, unexplained, last_logged = 0, 0, float("-inf")
+    controller has none (or the reverse), is otherwise refused in silence on both sides.
+
+    A peer that saw the mismatch first closes mid-handshake, and this side gets NO_DETAIL (errno 32)
+    with no cause; a retry soon after often names it, so such an event waits ``UNEXPLAINED_WAIT_S``
+    for one before it is reported with the likely cause."""
+    failed, last_logged = 0, float("-inf")
+    unexplained: dict[str, int] | None = None
     while True:
-        event = parse_monitor_message(await monitor.recv_multipart())
-        failed += 1
+        try:
+            frames = await asyncio.wait_for(monitor.recv_multipart(), UNEXPLAINED_WAIT_S if unexplained else None)
+        except TimeoutError:
+            event, final = unexplained, True  # no retry named the cause
+        else:
+            message = parse_monitor_message(frames)
+            event, final = {"event": int(message["event"]), "value": int(message["value"])}, False
+            failed += 1
+        assert event is not None
+        unexplained = None
         if time.monotonic() - last_logged < HANDSHAKE_LOG_EVERY_S:
             continue
-        if event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-            cause = ("the connecting side has no worker secret; this controller has one" if has_secret
-                     else "the connecting side has a worker secret; this controller has none")  # fmt: skip
-        elif event["value"] == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
-            cause = "its worker secret is not this controller's"
-        else:
-            # A connection closed mid-handshake (NO_DETAIL, errno 32) often comes first, and the
-            # retry a moment later names the cause: say it without one only when it keeps coming.
-            unexplained += 1
-            if unexplained < UNEXPLAINED_BEFORE_LOG:
-                continue
-            cause = f"{zmq.Event(event['event']).name}, {event['value']}"
-        unexplained = 0
+        cause = _handshake_cause(event, has_secret, final)
+        if cause is None:
+            unexplained = event
+            continue
         log.warning("a connection to %s failed the handshake (%d since the last such warning): %s (%s)",
                     endpoint, failed, cause, SECRET_ENV)  # fmt: skip
         failed, last_logged = 0, time.monotonic()
+
+
+def _handshake_cause(event: dict[str, int], has_secret: bool, final: bool) -> str | None:
+    """Why a handshake failed, in words; None for a close without a cause while a retry may still name it."""
+    mismatch = ("the connecting side has no worker secret; this controller has one" if has_secret
+                else "the connecting side has a worker secret; this controller has none")  # fmt: skip
+    if event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return mismatch
+    if event["value"] == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return "its worker secret is not this controller's"
+    described = f"{zmq.Event(event['event']).name}, {event['value']}"
+    if event["event"] != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        return described
+    if not final:
+        return None
+    likely = "the connecting side has no worker secret or another one" if has_secret else mismatch
+    return f"the peer closed the connection during the handshake ({described}), as when {likely}"

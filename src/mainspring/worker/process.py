@@ -142,7 +142,8 @@ class WorkerConnection:
         if self._secret:
             secure_worker(sock, self._secret)
         sock.connect(self.address)
-        sock.send_multipart(encode(self._hello()))
+        with contextlib.suppress(zmq.Again):  # as the retries below: with no connection up a send would hang
+            sock.send_multipart(encode(self._hello()), flags=zmq.NOBLOCK)
         said_hello = time.monotonic()
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)

@@ -1,6 +1,6 @@
 import pytest
 
-from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, EventLoop
+from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
 
 
 def test_events_run_by_time_then_priority_then_insertion() -> None:
@@ -41,3 +41,20 @@ def test_scheduling_in_the_past_is_an_error() -> None:
     loop = EventLoop(start_ns=100)
     with pytest.raises(ValueError, match="past"):
         loop.call_at(99, lambda: None)
+
+
+def test_a_deferred_callback_runs_after_every_event_of_its_instant() -> None:
+    """Even after events scheduled at that instant once it was deferred, and before the next instant."""
+    loop = EventLoop()
+    seen: list[str] = []
+
+    def result() -> None:
+        seen.append("result")
+        loop.defer(lambda: seen.append("pass"))
+        loop.call_at(10, lambda: seen.append("follow-up"), PRIORITY_ARRIVAL)
+
+    loop.call_at(10, result, PRIORITY_RESULT)
+    loop.call_at(10, lambda: seen.append("wake-up"), PRIORITY_WAKEUP)
+    loop.call_at(11, lambda: seen.append("next"), PRIORITY_RESULT)
+    loop.run()
+    assert seen == ["result", "follow-up", "wake-up", "pass", "next"]

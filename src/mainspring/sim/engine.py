@@ -17,6 +17,9 @@ PRIORITY_RESULT = 0
 PRIORITY_DEVICE = 1
 PRIORITY_ARRIVAL = 2
 PRIORITY_WAKEUP = 3
+# The controller's deferred scheduling pass runs after every other event of its instant, so that
+# events at one instant share one pass, as a live controller's events share a turn of its loop.
+PRIORITY_PASS = 4
 
 
 class EventLoop:
@@ -36,6 +39,10 @@ class EventLoop:
             raise ValueError(f"cannot schedule in the past: {time_ns} < {self.clock.now_ns()}")
         self._seq += 1
         heapq.heappush(self._heap, (time_ns, priority, self._seq, callback))
+
+    def defer(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` at this instant, after every other event due at it (``Controller``'s ``defer``)."""
+        self.call_at(self.clock.now_ns(), callback, PRIORITY_PASS)
 
     def pending(self) -> int:
         return len(self._heap)

@@ -111,7 +111,7 @@ class _Run:
         scheduler = self.timed if wrap is None else wrap(self.timed)
         links = {d.spec.device: self._link(d) for d in self.devices}
         self.controller = Controller(
-            scheduler, self.loop.clock, links, self._on_answer, self._wakeup, observer=self.recorder
+            scheduler, self.loop.clock, links, self._on_answer, self._wakeup, self.recorder, defer=self.loop.defer
         )
         self._arrival_of: dict[int, Arrival] = {}
         self.labels: dict[int, str] = {}

@@ -10,8 +10,10 @@ A model that cannot be served is reported by name and reason; the others go on.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import msgspec
 import torch
@@ -58,6 +60,25 @@ def default_pool_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory // 2
     return DEFAULT_CPU_POOL_BYTES
+
+
+# While a model registers, the interpreter switches threads this often instead of every 5 ms. Reading a
+# model (torch.export builds its graph in Python) and warming it up hold the interpreter in long runs,
+# and an inference on the exec lane needs it between operators: with the default interval each of its
+# calls waited 150-164 ms on average during a load, 36-43 ms at this one (quiet: 22 ms; resnet18 64x64
+# on this 2-core machine; benchmarks/reload_stall.py measures it live).
+LOAD_SWITCH_INTERVAL_S = 50e-6
+
+
+@contextmanager
+def switching_often(interval_s: float = LOAD_SWITCH_INTERVAL_S) -> Iterator[None]:
+    """Run the block with the interpreter's switch interval at ``interval_s``, then restore it."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, interval_s))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 class TorchWorker:
@@ -124,7 +145,7 @@ class TorchWorker:
         """Read, check and warm up ``model`` (kept under ``served_as`` when given: a reload in place);
         ``ModelLoadError`` (naming the file and the reason) if it cannot serve."""
         key = served_as or model
-        with self._lock:
+        with self._lock, switching_often():  # the exec lane keeps serving the models already here
             if key in self._models:
                 raise ModelLoadError(f"model {key!r} is already registered")
             config, module = load_module(self.repo, model, version)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import mainspring.worker.heap as heap
 import mainspring.worker.torch_worker as torch_worker
 from mainspring.models.loading import export_zoo_model
 from mainspring.models.repository import ModelRepository
@@ -49,6 +50,20 @@ def test_the_start_up_heap_is_frozen_but_models_loaded_later_are_freed(tmp_path:
     # torch and what the loader imported: far more than the collector tracks with a model registered
     assert int(frozen) > 10 * int(tracked) > 0
     assert freed == "True", "an unregistered model stayed alive: it was frozen with the heap"
+
+
+def test_the_heap_is_primed_with_the_smallest_model_of_each_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = ModelRepository(tmp_path)
+    export_zoo_model(repo, "resnet18", args={"image_size": 32}, served_as="a_resnet")  # listed first
+    export_zoo_model(repo, "mlp")  # the smaller file of the two torch.export models
+    export_zoo_model(repo, "bert_tiny", fmt="safetensors")
+    read: list[str] = []
+    monkeypatch.setattr(heap, "load_module", lambda repo, model: read.append(model))
+    monkeypatch.setattr(heap.gc, "freeze", lambda: None)  # not this test process's heap
+    heap.freeze_startup_heap(repo, repo.models())
+    assert sorted(read) == ["bert_tiny", "mlp"]  # the resnet is not read twice at start-up
 
 
 def test_a_registration_runs_with_a_short_switch_interval_and_restores_it(

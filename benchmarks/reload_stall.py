@@ -31,14 +31,20 @@ import tritonclient.http as httpclient
 BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (held open together while picked, so no two are the same)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def start_server(repo: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    http, grpc, workers = free_port(), free_port(), free_port()
+    http, grpc, workers = free_ports(3)
     command = [str(BIN / "mainspring"), "serve", "--repo", str(repo), "--devices", "cpu",
                "--http-port", str(http), "--grpc-port", str(grpc), "--worker-port", str(workers)]  # fmt: skip
     server = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=os.environ.copy())

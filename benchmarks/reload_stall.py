@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,40 +26,11 @@ from pathlib import Path
 
 import tritonclient.http as httpclient
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.serving.processes import ServerProcess  # noqa: E402
+
 BIN = Path(sys.executable).parent
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports (held open together while picked, so no two are the same)."""
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
-
-
-def start_server(repo: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    http, grpc, workers = free_ports(3)
-    command = [str(BIN / "mainspring"), "serve", "--repo", str(repo), "--devices", "cpu",
-               "--http-port", str(http), "--grpc-port", str(grpc), "--worker-port", str(workers)]  # fmt: skip
-    server = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=os.environ.copy())
-    url = f"127.0.0.1:{http}"
-    client = httpclient.InferenceServerClient(url)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if client.is_server_ready():
-                return server, url
-        except Exception:  # not listening yet
-            pass
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited: {log.read_text()[-2000:]}")
-        time.sleep(0.2)
-    server.kill()
-    raise RuntimeError("the server was not ready within 120 s")
 
 
 def reload_later(url: str, repo: Path, at_s: float, took: list[float]) -> None:
@@ -74,8 +43,10 @@ def reload_later(url: str, repo: Path, at_s: float, took: list[float]) -> None:
 
 def one_round(repo: Path, scratch: Path, args: argparse.Namespace, reload: bool, name: str) -> str:
     shutil.rmtree(repo / "resnet18" / "2", ignore_errors=True)
-    server, url = start_server(repo, scratch / f"{name}-server.log")
+    server = ServerProcess(repo, scratch / f"{name}-server.log")
+    url = server.http
     try:
+        server.wait_ready()
         bench = [str(BIN / "mainspring"), "bench", "--url", url, "--models", "resnet18", "--rate", str(args.rate),
                  "--slo-ms", str(args.slo_ms), "--quiet", "--seed", str(args.seed)]  # fmt: skip
         # the first seconds after a start are not what is measured
@@ -90,8 +61,7 @@ def one_round(repo: Path, scratch: Path, args: argparse.Namespace, reload: bool,
         if loader is not None:
             loader.join()
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        server.stop()
     data = json.loads(report.read_text())
     latency = data["latency_ms"]
     load = f"load {took[0]:.2f} s" if took else "no reload"

@@ -20,13 +20,27 @@ def free_port() -> int:
         return port
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: held open together while picked, as ports picked one at a time
+    can repeat (a server then fails to bind its second one)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
 class ServerProcess:
     """``mainspring serve`` in a child process on free ports; its log goes to a file."""
 
     def __init__(
         self, repo: Path, log: Path, *args: str, worker_port: int | None = None, env: dict[str, str] | None = None
     ) -> None:
-        self.http_port, self.grpc_port, self.worker_port = free_port(), free_port(), worker_port or free_port()
+        self.http_port, self.grpc_port, picked = free_ports(3)
+        self.worker_port = worker_port or picked
         self.log = log
         self.repo = repo
         command = [

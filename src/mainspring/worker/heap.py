@@ -38,8 +38,7 @@ def freeze_startup_heap(repo: ModelRepository, models: Iterable[str]) -> int:
             continue
         smallest[fmt] = min(smallest.get(fmt, (size, model)), (size, model))
     formats = sorted(smallest)
-    for fmt in formats:
-        model = smallest[fmt][1]
+    for fmt, (_, model) in sorted(smallest.items()):
         try:
             load_module(repo, model)  # for its imports; the module itself is dropped at once
         except Exception as error:

@@ -226,6 +226,8 @@ def test_grpc_refuses_what_it_cannot_honour(grpc: grpcclient.InferenceServerClie
     with pytest.raises(InferenceServerException, match="parameter 'sequence_id': sequences are not supported"):
         grpc.infer("mlp", [tensor], sequence_id=42, sequence_start=True, client_timeout=60)
     assert grpc.infer("mlp", [tensor], client_timeout=60).as_numpy("logits").shape == (1, 10)  # sequence_id 0: none
+    # Triton's priority levels: accepted (tritonclient sends a uint64), served alike, by deadline
+    assert grpc.infer("mlp", [tensor], priority=2, client_timeout=60).as_numpy("logits").shape == (1, 10)
     with pytest.raises(InferenceServerException, match="classification must be a positive integer, got -2"):
         grpc.infer("mlp", [tensor], outputs=[grpcclient.InferRequestedOutput("logits", class_count=-2)])
 
@@ -265,6 +267,8 @@ MLP_INPUT = {"name": "input", "datatype": "FP32", "shape": [1, 256], "data": [0.
             {"inputs": [MLP_INPUT], "parameters": {"sequence_id": 3}},
             "parameter 'sequence_id': sequences are not supported",
         ),
+        ({"inputs": [MLP_INPUT], "parameters": {"priority": "high"}}, "'priority' must be a non-negative integer"),
+        ({"inputs": [MLP_INPUT], "parameters": {"priority": -1}}, "'priority' must be a non-negative integer, got -1"),
         (
             {"inputs": [MLP_INPUT], "outputs": [{"name": "logits", "parameters": {"classification": 0}}]},
             "output 'logits': classification must be a positive integer, got 0",

@@ -20,7 +20,7 @@ import mainspring
 from mainspring.controller.service import ServedModel, ServiceError
 from mainspring.frontend.access import Access
 from mainspring.frontend.errors import InferenceError
-from mainspring.frontend.extensions import classify, refuse_sequence
+from mainspring.frontend.extensions import check_priority, classify, refuse_sequence
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.port import ControllerPort
 from mainspring.models.repository import ModelLoadError, ModelRepository
@@ -240,6 +240,7 @@ class DataPlane:
         batch = self._check_inputs(served, inputs)
         wanted = self._check_outputs(served, requested)
         refuse_sequence(parameters)
+        check_priority(parameters)
         slo_ns = self._slo_ns(served, parameters)
         by_name = {t.name: t.data for t in inputs}
         samples = [{name: array[i : i + 1] for name, array in by_name.items()} for i in range(batch)]

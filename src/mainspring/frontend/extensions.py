@@ -1,4 +1,5 @@
-"""Protocol extensions beyond KServe v2's core: Triton's classification (served) and shared memory (refused).
+"""Protocol extensions beyond KServe v2's core: Triton's classification (served), priority (accepted, one level)
+and shared memory (refused).
 
 Classification:
 An output requested with the parameter ``classification: N`` is returned as its top N classes
@@ -9,6 +10,11 @@ The values after the batch dimension are the classes; N above their number retur
 Sequences (``sequence_id``, ``sequence_start``, ``sequence_end``): no model here keeps state
 between requests (``sequence_batching`` configs are refused), so a request that names a sequence
 would be answered as if alone; refused instead. ``tritonclient`` sends none unless asked.
+
+Priority (``priority``, Triton's schedule-policy parameter: 1 the highest level, 0 the model's default):
+every level is served alike, by deadline, as Triton serves a model that configures no
+``priority_levels``; the request's SLO (``timeout``) is what orders it. A value that is not a
+non-negative integer is refused, as Triton refuses it, rather than read as some level.
 
 Shared memory (``shared_memory_region`` on an input or output): the server does not list the
 extensions, and a client that uses them anyway sends no data or expects none back; refused by name
@@ -44,6 +50,13 @@ def refuse_sequence(parameters: Mapping[str, Any]) -> None:
         if parameters.get(key) not in (None, 0, "", False):
             raise InferenceError(400, f"parameter {key!r}: sequences are not supported (no model here keeps "
                                       "state between requests)")  # fmt: skip
+
+
+def check_priority(parameters: Mapping[str, Any]) -> None:
+    """400 for a ``priority`` that is no level (levels are served alike: see the module's text)."""
+    value = parameters.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InferenceError(400, f"parameter 'priority' must be a non-negative integer, got {value!r}")
 
 
 def class_count(parameters: Mapping[str, Any], output: str) -> int:

@@ -139,6 +139,7 @@ def _schemas() -> dict[str, Any]:
             "id": {"type": "string"},
             "parameters": {"type": "object", "properties": {
                 "slo_ms": {"type": "number"}, "timeout": {"type": "integer", "description": "microseconds"},
+                "priority": {"type": "integer", "minimum": 0, "description": "accepted; every level is served alike"},
                 "binary_data_output": {"type": "boolean"}}},
             "inputs": {"type": "array", "items": tensor},
             "outputs": {"type": "array", "items": {"type": "object", "properties": {

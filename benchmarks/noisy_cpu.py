@@ -20,6 +20,7 @@ import argparse
 from closed_loop_noise import CPU_RESNET18, SHARED_CPU_NOISE
 from mainspring.models.profile import ModelProfile, model_copies
 from mainspring.protocol import CPU_KIND
+from mainspring.settings import key_values
 from mainspring.sim.run import SimulationConfig, simulate
 from mainspring.time import ms_to_ns, s_to_ns
 from mainspring.workload import BurstyOnOff, ClosedLoop, PoissonOpenLoop, Workload
@@ -60,7 +61,7 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=30.0)
     parser.add_argument("--set", nargs="*", default=[], help="policy settings, e.g. admission_percentile_cpu=50")
     args = parser.parse_args()
-    settings = {key: float(value) for key, value in (item.split("=", 1) for item in args.set)} or None
+    settings = key_values(args.set, "--set") or None  # strings: the policy's config converts them (true, none)
     policy = ", ".join([args.policy, *args.set])
     print(f"{policy} on one noisy {CPU_KIND} device, {args.duration_s:g} s; attainment (goodput r/s) per seed")
     for label, models, workload, slo_ms, pool in scenarios():

@@ -39,6 +39,10 @@ VARIANTS: dict[str, dict[str, object]] = {
     "without efficient_when_contended": {"efficient_when_contended": False},
     "without split_padding": {"split_padding": False},
     "without share_protects_only": {"share_protects_only": False},
+    "without spill_after": {"spill_after": None},
+    "without probe_after_ms": {"probe_after_ms": None},
+    "without evict_by_popularity": {"evict_by_popularity": False},
+    "without gather_max_ms": {"gather_max_ms": None},
     "before (none of the four)": {
         "whole_batches": False,
         "lookahead_within_share": False,

@@ -28,8 +28,10 @@ def test_same_seed_gives_a_byte_identical_action_log(tmp_path: Path) -> None:
         assert first != action_log(tmp_path, policy, 4, "c")
 
 
-def test_ten_seeded_runs_give_one_trace(tmp_path: Path) -> None:
-    logs = {action_log(tmp_path, policy_names()[0], 11, f"run{i}") for i in range(10)}
+def test_repeated_seeded_runs_in_one_process_give_one_trace(tmp_path: Path) -> None:
+    # State left behind by a run (a cache, a counter) or an order taken from object addresses shows from
+    # the second run on; four runs cost 16 s of the suite, ten cost 41.
+    logs = {action_log(tmp_path, policy_names()[0], 11, f"run{i}") for i in range(4)}
     assert len(logs) == 1
 
 

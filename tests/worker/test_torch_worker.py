@@ -277,3 +277,90 @@ def test_a_model_that_fails_its_shape_guard_is_named_and_a_bad_stored_profile_is
         assert run(worker, results, results.infer("mlp_stale", 1, 1), samples).status is ActionStatus.OK
     finally:
         worker.close()
+
+
+def test_models_of_one_input_signature_share_their_input_buffers_and_each_answers_with_its_own_weights(
+    tmp_path: Path, results: Results
+) -> None:
+    """A buffer per model and batch size stayed on the device for every registered model (19 MB for a
+    224x224 image model with sizes up to 16): models whose inputs agree share one set instead."""
+    from mainspring.models.loading import export_zoo_model
+
+    repo = ModelRepository(tmp_path)
+    export_zoo_model(repo, "mlp", seed=1)
+    export_zoo_model(repo, "mlp", served_as="mlp_other", seed=2)  # the same inputs, other weights
+    export_zoo_model(repo, "mlp", served_as="mlp_wide", batch_sizes=(1, 2, 4, 8, 16), seed=3)
+    worker = TorchWorker(repo, results.put, pool_bytes=POOL)
+    try:
+        device = worker._devices[0]
+        buffers = {name: device._bindings[name].inputs for name in ("mlp", "mlp_other", "mlp_wide")}
+        for batch in (1, 2, 4, 8):
+            assert buffers["mlp"][batch][0] is buffers["mlp_other"][batch][0] is buffers["mlp_wide"][batch][0]
+        one_set = sum(b[0].numel() * b[0].element_size() for b in buffers["mlp_wide"].values())
+        assert device.inputs.bytes == one_set  # not three sets
+        for model in ("mlp", "mlp_other"):
+            assert run(worker, results, results.load(model)).status is ActionStatus.OK
+        samples = {model: sample_inputs(worker.configs()[model], 3, seed=seed) for model, seed in
+                   (("mlp", 5), ("mlp_other", 6))}  # fmt: skip
+        for model, seed in (("mlp", 1), ("mlp_other", 2), ("mlp", 1)):  # turn about on the same buffers
+            result = run(worker, results, results.infer(model, requests=3, batch=4), samples[model])
+            assert result.status is ActionStatus.OK, result.message
+            inputs = torch.from_numpy(np.concatenate([s["input"] for s in samples[model]]))
+            with torch.inference_mode():
+                expected = build_model("mlp", seed=seed)(inputs).numpy()
+            np.testing.assert_allclose(
+                np.concatenate([o["logits"] for o in result.outputs]), expected, rtol=1e-4, atol=1e-5
+            )
+    finally:
+        worker.close()
+
+
+def test_a_model_warms_up_on_buffers_of_its_own_and_shared_buffers_go_with_their_last_user(
+    small_zoo: ModelRepository, tmp_path: Path, results: Results
+) -> None:
+    """A model registering while the exec lane runs another must not write into the buffers that one
+    is using; unregistering frees the buffers only once no model uses them."""
+    from mainspring.models.loading import copy_model
+
+    shutil.copytree(small_zoo.root, tmp_path / "repo")
+    repo = ModelRepository(tmp_path / "repo")
+    copy_model(repo, "mlp", "mlp_copy")
+    worker = TorchWorker(repo, results.put, models=["mlp"], pool_bytes=POOL)
+    try:
+        device = worker._devices[0]
+        shared = device._bindings["mlp"].inputs
+        with torch.inference_mode():
+            for buffers in shared.values():
+                buffers[0].fill_(7.0)  # what an inference on the exec lane would have copied in
+        worker.register("mlp_copy")
+        assert device._bindings["mlp_copy"].inputs == shared
+        assert all(bool((buffers[0] == 7.0).all()) for buffers in shared.values())
+        held = device.inputs.bytes
+        worker.unregister("mlp_copy")
+        assert device.inputs.bytes == held > 0
+        worker.unregister("mlp")
+        assert device.inputs.bytes == 0
+    finally:
+        worker.close()
+
+
+def test_a_padded_batch_pads_with_zeros_not_with_another_models_inputs(tmp_path: Path, results: Results) -> None:
+    """With shared buffers the rows past a batch's requests held the last inputs of whichever model ran
+    before: token ids past this model's vocabulary would fail its batch (on a GPU, a device-side assert)."""
+    from mainspring.models.loading import export_zoo_model
+
+    repo = ModelRepository(tmp_path)
+    export_zoo_model(repo, "mlp", seed=1)
+    export_zoo_model(repo, "mlp", served_as="mlp_other", seed=2)
+    worker = TorchWorker(repo, results.put, pool_bytes=POOL)
+    try:
+        for model in ("mlp", "mlp_other"):
+            assert run(worker, results, results.load(model)).status is ActionStatus.OK
+        full = [{"input": np.full((1, 256), 5.0, np.float32)} for _ in range(4)]
+        assert run(worker, results, results.infer("mlp", requests=4, batch=4), full).status is ActionStatus.OK
+        one = [{"input": np.full((1, 256), 1.0, np.float32)}]
+        assert run(worker, results, results.infer("mlp_other", requests=1, batch=4), one).status is ActionStatus.OK
+        buffer = worker._devices[0]._bindings["mlp_other"].inputs[4][0]
+        assert bool((buffer[0] == 1.0).all()) and not buffer[1:].any()
+    finally:
+        worker.close()

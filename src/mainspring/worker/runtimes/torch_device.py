@@ -39,6 +39,7 @@ from mainspring.protocol.tensors import Sample, numpy_dtype, shape_matches
 from mainspring.time import Clock
 from mainspring.worker.executor import Lane, ResultSink
 from mainspring.worker.pages import PagePool
+from mainspring.worker.runtimes.input_buffers import SharedInputs, new_buffers
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,8 @@ class Residency:
 
 @dataclass
 class _Binding:
-    """A model's module on this device, its parameter objects (in ``HostModel.names`` order) and input buffers."""
+    """A model's module on this device, its parameter objects (in ``HostModel.names`` order) and input
+    buffers (its own while it warms up, then the ones it shares on the exec lane: ``input_buffers``)."""
 
     model: HostModel
     module: nn.Module
@@ -120,6 +122,7 @@ class TorchDevice:
         self._arena = torch.empty(self.pool.total_pages * spec.page_bytes, dtype=torch.uint8, device=torch_device)
         self._arena.zero_()  # touch every page now: a first-touch page fault would make the first loads slow
         self._bindings: dict[str, _Binding] = {}
+        self.inputs = SharedInputs(torch_device, self._inference)
         self._resident: dict[str, Residency] = {}
         self._served: set[str] = set()  # models that have answered some input here: a failure is then the input's
         self._exec_stream = _stream(torch_device) if self._cuda else None
@@ -147,24 +150,21 @@ class TorchDevice:
         params_by_name = {**dict(module.named_parameters()), **dict(module.named_buffers())}
         params = tuple(params_by_name[name] for name in model.names)
         config = model.config
-        with self._inference():
-            inputs = {
-                b: tuple(
-                    torch.zeros((b, *spec.sample_shape), dtype=torch_dtype(spec.datatype), device=self.device)
-                    for spec in config.inputs
-                )
-                for b in config.batch_sizes
-            }
-        binding = _Binding(model, module, params, inputs)
+        with self._inference():  # the warm-up's own: the exec lane may be using the shared ones meanwhile
+            own = {b: new_buffers(config, b, self.device) for b in config.batch_sizes}
+        binding = _Binding(model, module, params, own)
         # Warm up on temporary weights on the device: the pool is the controller's to fill.
         self._bind(binding, tuple(h.to(self.device) for h in model.host))
         timings = {b: self._warm_up(binding, b) for b in config.batch_sizes}
         self._bind(binding, model.host)
+        binding.inputs = self.inputs.take(config)
         self._bindings[config.name] = binding
         return timings
 
     def remove(self, model: str) -> None:
-        self._bindings.pop(model, None)
+        binding = self._bindings.pop(model, None)
+        if binding is not None:
+            self.inputs.release(binding.model.config)
         self._resident.pop(model, None)
         self._served.discard(model)
         self.pool.release(model)
@@ -309,6 +309,11 @@ class TorchDevice:
             for i, sample in enumerate(samples):
                 for spec, buffer in zip(binding.model.config.inputs, buffers, strict=True):
                     buffer[i : i + 1].copy_(torch.from_numpy(sample[spec.name]), non_blocking=self._cuda)
+            if len(samples) < batch:
+                # The padding rows may hold another model's inputs (the buffers are shared): token ids
+                # past this model's vocabulary would fail the batch, or assert on a GPU. Zeros warmed it up.
+                for buffer in buffers:
+                    buffer[len(samples) :].zero_()
             graph = residency.graphs.get(batch) if residency is not None else None
             if graph is not None:
                 graph[0].replay()
@@ -349,7 +354,9 @@ class TorchDevice:
             try:
                 graph = torch.cuda.CUDAGraph()
                 with torch.inference_mode(), torch.cuda.stream(self._load_stream):
-                    _as_tuple(binding.module(*buffers))  # first run outside the graph (lazy initialisation)
+                    # First a run outside the graph (lazy initialisation), on zeros of its own: the shared
+                    # buffers hold whatever the exec lane is running meanwhile, perhaps another model's.
+                    _as_tuple(binding.module(*new_buffers(binding.model.config, batch, self.device)))
                     # thread_local: the exec lane keeps running other models' kernels during the capture
                     with torch.cuda.graph(graph, stream=self._load_stream, capture_error_mode="thread_local"):
                         outputs = _as_tuple(binding.module(*buffers))

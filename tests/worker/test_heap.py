@@ -3,6 +3,7 @@ over often: what keeps a load or a cycle collection from holding the exec lane f
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -85,3 +86,40 @@ def test_a_registration_runs_with_a_short_switch_interval_and_restores_it(
         worker.close()
     assert seen and all(interval <= LOAD_SWITCH_INTERVAL_S for interval in seen)
     assert sys.getswitchinterval() == before
+
+
+UNREGISTER_WITHOUT_COLLECTING = textwrap.dedent(
+    """
+    import gc, os, sys
+    from mainspring.models.repository import ModelRepository
+    from mainspring.worker.torch_worker import TorchWorker
+
+    def resident_mb():
+        return int(open(f"/proc/{os.getpid()}/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+    worker = TorchWorker(ModelRepository(sys.argv[1]), lambda result: None, pool_bytes=64 << 20)
+    gc.collect()
+    gc.disable()  # as in a worker where no full collection comes for a long time
+    before = resident_mb()
+    worker.unregister("resnet18_b")
+    print(before - resident_mb())
+    """
+)
+
+
+def test_an_unregistered_model_lets_go_of_its_weights_without_waiting_for_a_cycle_collection(tmp_path: Path) -> None:
+    """An exported module lives on in its reference cycles until a full collection, which a serving
+    worker may not run for a long time; its 47 MB of weights stayed allocated with it, so an unload
+    (or the old version after a reload) freed no memory."""
+    from mainspring.models.loading import copy_model
+
+    repo = ModelRepository(tmp_path)
+    export_zoo_model(repo, "resnet18", args={"image_size": 32})
+    copy_model(repo, "resnet18", "resnet18_b")
+    script = tmp_path / "unregister.py"
+    script.write_text(UNREGISTER_WITHOUT_COLLECTING)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed tensors go back to the system at once
+    run = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert float(run.stdout.split()[-1]) > 30, "the unregistered model's 47 MB of weights are still held"

@@ -165,6 +165,9 @@ class TorchDevice:
         binding = self._bindings.pop(model, None)
         if binding is not None:
             self.inputs.release(binding.model.config)
+            # An exported module's graph holds reference cycles, so the module lives until a full cycle
+            # collection, which may not come for a long time: its parameters let go of the weights now.
+            self._bind(binding, [torch.empty(0, dtype=p.dtype, device=p.device) for p in binding.params])
         self._resident.pop(model, None)
         self._served.discard(model)
         self.pool.release(model)

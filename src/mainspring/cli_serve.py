@@ -93,7 +93,7 @@ def run_worker(args: argparse.Namespace) -> int:
     from mainspring.models.repository import ModelRepository
     from mainspring.protocol.pages import MIB
     from mainspring.transport.security import SECRET_ENV
-    from mainspring.worker.heap import ModelHeap, freeze_startup_heap
+    from mainspring.worker.heap import freeze_startup_heap
     from mainspring.worker.process import START_OVER, WorkerConnection
     from mainspring.worker.runtimes.torch_device import ExecSettings
     from mainspring.worker.torch_worker import TorchWorker
@@ -105,7 +105,7 @@ def run_worker(args: argparse.Namespace) -> int:
     freeze_startup_heap(repo, repo.models())  # before any model is registered: those must stay collectable
     connection = WorkerConnection(
         args.controller,
-        lambda sink: TorchWorker(repo, sink, [args.device], pool_bytes=pool, settings=settings, heap=ModelHeap()),
+        lambda sink: TorchWorker(repo, sink, [args.device], pool_bytes=pool, settings=settings),
         name=args.name,
         secret=os.environ.get(SECRET_ENV, ""),
     )

@@ -6,20 +6,10 @@ cycle collection scans them all, about 170 ms on this 2-core machine, and it hol
 meanwhile, so the exec lane's inference waits (a reload set one off: ``docs/serving.md``). Frozen
 (``gc.freeze``), they are skipped, and a full collection takes a few ms.
 
-What was imported is frozen first, without a model: one model of each file format in the
-repository is read once and dropped before the freeze, which leaves the modules its loader imported
-behind (the one with the smallest file, as the imports cost the same whatever the model: a large
-model is not read twice).
-
-Models come next (``ModelHeap``). An exported resnet18 adds about 4,900 objects that a full
-collection scans, 3-4 ms of it here: 30-45 ms with 10 models registered, 100 ms with 30. A full
-collection comes when enough new objects have survived, so in a serving worker it is a load or a
-reload (allocations) that sets one off, at a moment nothing plans for. Frozen once it registers (a
-collection of the young objects first, a few ms), a model is scanned no more. A frozen object is
-never collected, though: an unregistered model has let go of its weights already (its parameters
-are emptied), and what is left of it (its graph's objects, about 1.2 MB) is collected with the other
-unregistered models' once they make up a share of the frozen heap, at the unregistration that
-reaches it: one full collection at an operation the user asked for, not at a random load.
+Only what was imported is frozen, never a model: a frozen object is never collected, and a model
+unloaded later must free its weights. So one model of each file format in the repository is read
+once and dropped before the freeze, which leaves the modules its loader imported behind: the one
+with the smallest file, as the imports cost the same whatever the model (a large model is not read twice).
 """
 
 from __future__ import annotations
@@ -59,37 +49,3 @@ def freeze_startup_heap(repo: ModelRepository, models: Iterable[str]) -> int:
     log.info("froze the start-up heap (%d objects, formats %s) in %.2f s", frozen, formats,
              time.perf_counter() - begin)  # fmt: skip
     return frozen
-
-
-COMPACT_SHARE = 0.25  # unregistered models' objects, as a share of the frozen heap, that are collected
-
-
-class ModelHeap:
-    """Freezes each model's objects once it registers; collects those of unregistered models once they
-    make up ``compact_share`` of the frozen heap (see the module's text)."""
-
-    def __init__(self, compact_share: float = COMPACT_SHARE) -> None:
-        self._share = compact_share
-        # gc.get_freeze_count() walks the whole frozen heap (40 ms here): counted once, then kept
-        self._total = gc.get_freeze_count()
-        self._frozen: dict[str, int] = {}  # model -> objects frozen with it
-        self._released = 0  # objects frozen with models since unregistered
-
-    def registered(self, model: str) -> None:
-        gc.collect()  # what the load left behind; older objects are frozen, so this scans few
-        count = len(gc.get_objects())  # what is not frozen: the model, and what the process made since
-        gc.freeze()
-        self._frozen[model] = count
-        self._total += count
-
-    def unregistered(self, model: str) -> None:
-        self._released += self._frozen.pop(model, 0)
-        if self._released > self._share * self._total:
-            begin = time.perf_counter()
-            gc.unfreeze()
-            gc.collect()
-            gc.freeze()
-            self._total = gc.get_freeze_count()
-            log.info("collected %d unregistered models' objects in %.0f ms", self._released,
-                     1000 * (time.perf_counter() - begin))  # fmt: skip
-            self._released = 0

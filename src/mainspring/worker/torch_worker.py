@@ -27,7 +27,6 @@ from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB
 from mainspring.protocol.tensors import Sample
 from mainspring.time import Clock, WallClock
 from mainspring.worker.api import ResultCallback
-from mainspring.worker.heap import ModelHeap
 from mainspring.worker.runtimes.torch_device import ExecSettings, HostModel, TorchDevice
 
 log = logging.getLogger(__name__)
@@ -97,10 +96,8 @@ class TorchWorker:
         settings: ExecSettings | None = None,
         clock: Clock | None = None,
         use_stored_profiles: bool = True,
-        heap: ModelHeap | None = None,
     ) -> None:
         self.repo = repo
-        self._heap = heap  # a worker process's: freezes each model it registers (``worker/heap.py``)
         self.settings = settings or ExecSettings()
         self.use_stored_profiles = use_stored_profiles
         if self.settings.intra_op_threads is not None:
@@ -175,8 +172,6 @@ class TorchWorker:
             self._models[key] = (config, profile)
             self._versions[key] = self.repo.latest_version(model) if version is None else version
             self.load_errors.pop(model, None)
-            if self._heap is not None:
-                self._heap.registered(key)
             log.info(
                 "serving %s (%d tensors, %.1f MB, %d pages)",
                 key,
@@ -192,8 +187,6 @@ class TorchWorker:
             self._models.pop(model, None)
             for device in self._devices:
                 device.remove(model)
-            if self._heap is not None:
-                self._heap.unregistered(model)
 
     def submit(self, action: Action, inputs: Sequence[Sample] | None = None) -> None:
         if not 0 <= action.device < len(self._devices):

@@ -35,7 +35,7 @@ from mainspring.controller.repository_poll import RepositoryPoller
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.access import Access
 from mainspring.frontend.dataplane import DataPlane
-from mainspring.frontend.http import make_app
+from mainspring.frontend.http import start_http
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.remote import TOKEN_ENV, FrontendSpec
 from mainspring.models.repository import ModelRepository
@@ -116,14 +116,11 @@ class Server:
             if not config.worker_secret:
                 log.warning("listening on %s without worker_secret: anyone who reaches port %d can join as a worker",
                             config.host, config.worker_port)  # fmt: skip
-        # Requests were answered by the drain; idle connections must not hold the shutdown for aiohttp's 60 s.
-        self._runner = web.AppRunner(make_app(plane), access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
         shared = config.frontend_count > 1  # ports shared with the frontend processes (SO_REUSEPORT)
         if shared:  # sharing must not extend to another server already on the ports
             for port, what in ((config.http_port, "HTTP"), (config.grpc_port, "gRPC")):
                 check_port_free(config.host, port, what)
-        await web.TCPSite(self._runner, config.host, config.http_port, reuse_port=shared or None).start()
+        self._runner = await start_http(plane, config.host, config.http_port, reuse_port=shared or None)
         from mainspring.frontend.grpc import start_grpc
 
         self._grpc = await start_grpc(plane, f"{config.host}:{config.grpc_port}", share_port=shared)

@@ -74,6 +74,13 @@ class ServeConfig:
     max_elements: int = RequestLimits.max_elements
     max_string_bytes: int = RequestLimits.max_string_bytes
     max_json_depth: int = RequestLimits.max_json_depth
+    # How many clients, and how long each may take (``frontend/limits.py``; per frontend process).
+    max_connections: int = RequestLimits.max_connections
+    header_timeout_s: float = RequestLimits.header_timeout_s
+    body_timeout_s: float = RequestLimits.body_timeout_s
+    idle_timeout_s: float = RequestLimits.idle_timeout_s
+    max_connection_age_s: float = RequestLimits.max_connection_age_s
+    max_connection_age_grace_s: float = RequestLimits.max_connection_age_grace_s
     # The clockwork policy's settings (``ClockworkConfig`` field: value), from the file's [clockwork]
     # table, MAINSPRING_CLOCKWORK_* variables and --clockwork KEY=VALUE; defaults where not given.
     clockwork: dict[str, Any] = field(default_factory=dict, hash=False)

@@ -27,6 +27,7 @@ from mainspring.transport.frontend_messages import (
     Answers,
     Applied,
     Ask,
+    Dropped,
     Join,
     Refused,
     Reply,
@@ -139,6 +140,9 @@ class FrontendHub:
                 self._spawn(self._infer(key, message, samples))
             elif isinstance(message, Ask):
                 self._spawn(self._ask(key, message))
+            elif isinstance(message, Dropped):
+                for transport, cause, count in message.counts:
+                    self.service.count_dropped_client(transport, cause, self._frontends.get(key, "?"), count)
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)

@@ -419,6 +419,9 @@ class ControllerService:
         self.metrics.loop_lag.set(self.loop_lag_ns / NS_PER_S)
         return self.metrics.exposition(self.clock.now_ns())
 
+    def count_dropped_client(self, transport: str, cause: str, frontend: str = "main", count: int = 1) -> None:
+        self.metrics.client_disconnects.labels(frontend, transport, cause).inc(count)
+
     async def timeline_view(self, seconds: float) -> dict[str, Any]:
         """The live page's data: every device's lanes over the last ``seconds``."""
         return self.timeline.snapshot(self.clock.now_ns(), seconds, self.device_ids)

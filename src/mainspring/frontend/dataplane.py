@@ -19,6 +19,7 @@ import numpy as np
 import mainspring
 from mainspring.controller.service import ServedModel, ServiceError
 from mainspring.frontend.access import Access
+from mainspring.frontend.connections import DroppedClients
 from mainspring.frontend.errors import InferenceError
 from mainspring.frontend.extensions import check_priority, classify, refuse_sequence
 from mainspring.frontend.limits import RequestLimits
@@ -71,6 +72,7 @@ class DataPlane:
         self.name = name
         self.limits = limits or RequestLimits()
         self.access = access or Access()
+        self.dropped = DroppedClients(service.count_dropped_client)  # clients gone mid-request or cut off
 
     # --- health and metadata -----------------------------------------------------------------
     def live(self) -> bool:
@@ -83,6 +85,9 @@ class DataPlane:
         return {"name": self.name, "version": mainspring.__version__, "extensions": EXTENSIONS}
 
     def model(self, name: str, version: str | None = None) -> ServedModel:
+        self.limits.check_string("the model name", name)
+        if version:
+            self.limits.check_string("the model version", version)
         served = self.service.models.get(name)
         if served is None:
             # Workers tell the controller what they serve: before the first joins (a restart), a model
@@ -308,21 +313,33 @@ class DataPlane:
         return dict(requested)
 
     def _slo_ns(self, served: ServedModel, parameters: Mapping[str, Any]) -> int:
+        """The request's SLO: ``slo_ms``, else Triton's ``timeout`` (us; 0: none), else the model's or the
+        server's. Each one given is checked, also one that another overrides."""
+        chosen = None
         for key, unit in (("slo_ms", NS_PER_MS), ("timeout", NS_PER_US)):
-            if key in parameters:
-                value = parameters[key]
-                if key == "timeout" and value == 0 and not isinstance(value, bool):
-                    break  # Triton's "no timeout": the model's own SLO
-                if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or math.isinf(value):
-                    raise InferenceError(400, f"parameter {key!r} must be a positive number, got {value!r}")
-                slo_ns = round(value * unit)
-                if slo_ns > MAX_SLO_MS * NS_PER_MS:
-                    most = MAX_SLO_MS * NS_PER_MS // unit
-                    raise InferenceError(400, f"parameter {key!r} must be at most {most} (one day), got {value!r}")
-                return slo_ns
+            if key not in parameters:
+                continue
+            value = parameters[key]
+            if key == "timeout" and value == 0 and not isinstance(value, bool):
+                continue  # Triton's "no timeout": the model's own SLO
+            slo_ns = _duration_ns(key, value, unit)
+            chosen = slo_ns if chosen is None else chosen
+        if chosen is not None:
+            return chosen
         if served.config.slo_ms is not None:
             return round(served.config.slo_ms * NS_PER_MS)
         return self.service.default_slo_ns
+
+
+def _duration_ns(key: str, value: Any, unit: int) -> int:
+    """A positive duration parameter of at most a day in ``unit`` ns, as ns; the range is checked before
+    the conversion, which a value such as 1e308 would overflow."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or math.isinf(value):
+        raise InferenceError(400, f"parameter {key!r} must be a positive number, got {value!r}"[:300])
+    most = MAX_SLO_MS * NS_PER_MS // unit
+    if value > most:
+        raise InferenceError(400, f"parameter {key!r} must be at most {most} (one day), got {value!r}"[:300])
+    return round(value * unit)
 
 
 # The client's status for each outcome (gRPC maps these once more, in ``grpc.py``).

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 _CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
@@ -196,6 +197,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
     async def _infer(self, request: Any) -> Any:
         """One ``ModelInferRequest`` through the data plane; ``InferenceError`` for a refusal."""
+        limits = self.plane.limits
+        size = request.ByteSize()
+        if size > limits.max_body_bytes:  # read (up to gRPC's own limit) so that a stream goes on past it
+            raise InferenceError(
+                413, f"request message of {size} bytes exceeds the limit of {limits.max_body_bytes} (max_body_bytes)"
+            )
+        _check_strings(request, limits)
         parameters = _parameters(request.parameters)
         inputs = _inputs(request, self.plane.limits)
         self.plane.limits.check_count("outputs", len(request.outputs))
@@ -213,6 +221,23 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             raw = serialize_bytes(tensor.data) if tensor.datatype == "BYTES" else tensor.data.tobytes()
             reply.raw_output_contents.append(raw)
         return reply
+
+
+def _check_strings(request: Any, limits: RequestLimits) -> None:
+    """``max_string_bytes`` for a ``ModelInferRequest``'s strings, as over HTTP for the JSON document's:
+    the id, names, and parameter names and texts (input names: when their tensor is decoded)."""
+    strings = [("the request id", request.id), ("the model name", request.model_name),
+               ("the model version", request.model_version)]  # fmt: skip
+    strings += [(f"outputs[{i}].name", output.name) for i, output in enumerate(request.outputs)]
+    holders = [("the request", request), *((f"inputs[{i}]", t) for i, t in enumerate(request.inputs)),
+               *((f"outputs[{i}]", t) for i, t in enumerate(request.outputs))]  # fmt: skip
+    for where, holder in holders:
+        for key, value in holder.parameters.items():
+            strings.append((f"a parameter name of {where}", key))
+            if value.WhichOneof("parameter_choice") == "string_param":
+                strings.append((f"parameter {key[:64]!r} of {where}", value.string_param))
+    for what, text in strings:
+        limits.check_string(what, text)
 
 
 def _inputs(request: Any, limits: RequestLimits) -> list[Tensor]:
@@ -265,18 +290,36 @@ class _Authorize(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return grpc.unary_unary_rpc_method_handler(refuse)
 
 
+def channel_options(limits: RequestLimits, share_port: bool) -> list[tuple[str, int]]:
+    """gRPC core's settings for ``limits``. A message over ``max_body_bytes`` but within twice it is read
+    and refused alone (RESOURCE_EXHAUSTED; a stream goes on); gRPC ends the call of a larger one, with the
+    same code. Connections: the HTTP frontend's header, idle and age bounds in gRPC's terms."""
+
+    def ms(seconds: float) -> int:
+        return min(round(seconds * 1000), 2**31 - 1)
+
+    return [
+        ("grpc.max_receive_message_length", min(2 * limits.max_body_bytes, 2**31 - 1)),
+        ("grpc.max_send_message_length", 256 * 1024 * 1024),
+        ("grpc.max_metadata_size", limits.max_header_bytes),
+        ("grpc.so_reuseport", int(share_port)),
+        ("grpc.server_handshake_timeout_ms", ms(limits.header_timeout_s)),  # a connection that never speaks HTTP/2
+        ("grpc.max_connection_idle_ms", ms(limits.idle_timeout_s)),
+        ("grpc.max_connection_age_ms", ms(limits.max_connection_age_s)),
+        ("grpc.max_connection_age_grace_ms", ms(limits.max_connection_age_grace_s)),
+        # Ping a connection with calls under way as often as an idle one is closed: a client gone without a
+        # word (its host lost) is found within 20 s of the ping, not held until its stream's age runs out.
+        ("grpc.keepalive_time_ms", ms(limits.idle_timeout_s)),
+        ("grpc.keepalive_timeout_ms", 20_000),
+    ]
+
+
 async def start_grpc(plane: DataPlane, address: str, share_port: bool = False) -> grpc.aio.Server:
     """Serve on ``address`` (``host:port``); returns the started server. ``share_port``: with other
     frontend processes (SO_REUSEPORT, which gRPC sets unless told not to: a second server on a port in
     use would otherwise start and take half its calls)."""
-    limits = plane.limits
     interceptors = [_Authorize(plane.access)] if plane.access.enabled else []
-    server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.max_receive_message_length", limits.max_body_bytes),  # past it: RESOURCE_EXHAUSTED
-        ("grpc.max_send_message_length", 256 * 1024 * 1024),
-        ("grpc.max_metadata_size", limits.max_header_bytes),
-        ("grpc.so_reuseport", int(share_port)),
-    ])  # fmt: skip
+    server = grpc.aio.server(interceptors=interceptors, options=channel_options(plane.limits, share_port))
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
     try:
         bound = server.add_insecure_port(address)

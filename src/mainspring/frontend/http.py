@@ -7,6 +7,7 @@ data plane's status; nothing a client sends can take the server down.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +16,7 @@ import msgspec
 from aiohttp import web
 
 from mainspring.frontend.access import UNAUTHORIZED, http_scope
+from mainspring.frontend.connections import ConnectionGuard, GuardedSite
 from mainspring.frontend.dashboard import page as dashboard_page
 from mainspring.frontend.dashboard import timeline_seconds
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
@@ -26,8 +28,22 @@ log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 PLANE = web.AppKey("plane", DataPlane)
+GUARD = web.AppKey("guard", ConnectionGuard)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _watch(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Tell the connection's guard that a request is under way (its headers are in) and when it ends."""
+    connection = request.app[GUARD].connection(request.transport)
+    if connection is not None:
+        connection.request_started()
+    try:
+        return await handler(request)
+    finally:
+        if connection is not None:
+            connection.request_finished()
 
 
 @web.middleware
@@ -40,7 +56,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             if error.outcome is None
             else {"error": error.message, "outcome": error.outcome.value}
         )
-        return web.json_response(body, status=error.status)
+        response = web.json_response(body, status=error.status)
+        if error.status == 408:  # the rest of a body that came too slowly is not waited for
+            response.force_close()
+            if (connection := request.app[GUARD].connection(request.transport)) is not None:
+                connection.close_after_answer()
+        return response
+    except ConnectionError:  # the client hung up mid-request: not the server's error, and nobody reads the answer
+        _plane(request).dropped.record("http", "hung_up")
+        response = web.Response(status=499, reason="Client Closed Request")  # nginx's status for it, in its logs
+        response.force_close()
+        return response
     except web.HTTPRequestEntityTooLarge:
         limit = _plane(request).limits.max_body_bytes
         message = f"request body exceeds the limit of {limit} bytes (max_body_bytes)"
@@ -117,8 +143,20 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 async def _optional_object(request: web.Request) -> dict[str, Any]:
     """The body of a repository call: none, or a JSON object."""
-    body = await request.read()
+    body = await _body(request)
     return _json_object(body, _plane(request).limits) if body.strip() else {}
+
+
+async def _body(request: web.Request) -> bytes:
+    """The whole body, within ``body_timeout_s`` (408 past it: a client may not hold a request open)."""
+    plane = _plane(request)
+    timeout = plane.limits.body_timeout_s
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except TimeoutError:
+        plane.dropped.record("http", "body_timeout")
+        raise InferenceError(408, f"request body not received within {timeout:g} s (body_timeout_s)") from None
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -136,7 +174,7 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def infer(request: web.Request) -> web.Response:
-    body = await request.read()
+    body = await _body(request)
     header, binary = _split_body(request, body)
     limits = _plane(request).limits
     document = _json_object(header, limits)
@@ -230,7 +268,9 @@ def _inputs(value: Any, binary: bytes, limits: RequestLimits) -> list[Tensor]:
         size = parameters.get("binary_data_size")
         raw = None
         if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            if "data" in entry:  # two sources of one tensor's data: which one is meant is unknown (as over gRPC)
+                raise InferenceError(400, f"input {name!r}: data must be left out with binary_data_size")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(binary):
                 raise InferenceError(400, f"input {name!r}: binary_data_size {size!r} does not fit the binary data")
             raw, offset = binary[offset : offset + size], offset + size
         elif "data" not in entry:
@@ -266,8 +306,10 @@ def _requested_outputs(value: Any, limits: RequestLimits) -> dict[str, tuple[boo
 def make_app(plane: DataPlane) -> web.Application:
     limits = plane.limits
     header = {"max_line_size": limits.max_header_bytes, "max_field_size": limits.max_header_bytes}
-    app = web.Application(middlewares=[_errors, _authorize], client_max_size=limits.max_body_bytes, handler_args=header)
+    app = web.Application(middlewares=[_watch, _errors, _authorize], client_max_size=limits.max_body_bytes,
+                          handler_args=header)  # fmt: skip
     app[PLANE] = plane
+    app[GUARD] = ConnectionGuard(limits, plane.dropped)
     get, post = web.get, web.post
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
@@ -295,3 +337,13 @@ def make_app(plane: DataPlane) -> web.Application:
         post("/v2/repository/models/{model}/unload", repository_unload),
     ])  # fmt: skip
     return app
+
+
+async def start_http(plane: DataPlane, host: str, port: int, reuse_port: bool | None = None) -> web.AppRunner:
+    """Serve ``plane`` over HTTP on ``host:port`` with its connection limits; returns the started runner."""
+    app = make_app(plane)
+    # shutdown_timeout: requests were answered by the drain; idle connections must not hold a stop for 60 s.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, keepalive_timeout=plane.limits.idle_timeout_s)
+    await runner.setup()
+    await GuardedSite(runner, app[GUARD], host, port, reuse_port=reuse_port).start()
+    return runner

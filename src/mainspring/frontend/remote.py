@@ -15,13 +15,13 @@ import itertools
 import logging
 import os
 import signal
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
-from aiohttp import web
 
 from mainspring.controller.service import Answer, ServedModel, ServiceError
 from mainspring.models.profile import ModelProfile
@@ -33,6 +33,7 @@ from mainspring.transport.frontend_messages import (
     Answers,
     Applied,
     Ask,
+    Dropped,
     Join,
     Refused,
     Reply,
@@ -45,6 +46,7 @@ from mainspring.transport.messages import CodecError, encode, metas_of
 log = logging.getLogger("mainspring.frontend.remote")  # also when run as __main__
 
 ANSWER_GRACE_S = 5.0  # past a call's own bound (its deadline, the model operation's timeout)
+DROPPED_EVERY_S = 1.0  # clients dropped are told the controller together, at most this often
 
 
 class RemoteController:
@@ -63,6 +65,9 @@ class RemoteController:
         self._waiting: dict[int, asyncio.Future[tuple[Any, list[dict[str, Any]] | None]]] = {}
         self._receiver: asyncio.Task[None] | None = None
         self._joined = asyncio.Event()
+        self._dropped: Counter[tuple[str, str]] = Counter()
+        self._dropped_due: asyncio.TimerHandle | None = None
+        self._sends: set[asyncio.Task[Any]] = set()
 
     async def start(self, timeout_s: float = 30.0) -> None:
         socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
@@ -74,6 +79,8 @@ class RemoteController:
         await asyncio.wait_for(self._joined.wait(), timeout_s)
 
     async def close(self) -> None:
+        if self._dropped_due is not None:
+            self._dropped_due.cancel()
         if self._receiver is not None:
             self._receiver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -170,6 +177,24 @@ class RemoteController:
         assert isinstance(value, bytes)
         return value
 
+    def count_dropped_client(self, transport: str, cause: str) -> None:
+        self._dropped[transport, cause] += 1
+        if self._dropped_due is None:
+            self._dropped_due = asyncio.get_running_loop().call_later(DROPPED_EVERY_S, self._send_dropped)
+
+    def _send_dropped(self) -> None:
+        self._dropped_due = None
+        counts = [(transport, cause, n) for (transport, cause), n in self._dropped.items()]
+        self._dropped.clear()
+        task = asyncio.create_task(self._tell(Dropped(counts)))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _tell(self, message: msgspec.Struct) -> None:
+        """Send ``message``, which has no answer."""
+        if self._socket is not None:
+            await self._socket.send_multipart(encode(message))
+
     async def timeline_view(self, seconds: float) -> dict[str, Any]:
         value = await self._ask("timeline", seconds=seconds)
         assert isinstance(value, dict)
@@ -186,7 +211,7 @@ class FrontendSpec(msgspec.Struct, frozen=True):
     grpc_port: int
     parent_pid: int
     repo: str = ""
-    limits: dict[str, int] = {}
+    limits: dict[str, Any] = {}  # RequestLimits' fields
     auth_inference: bool = False
 
 
@@ -198,7 +223,7 @@ async def run_frontend(spec: FrontendSpec) -> None:
     from mainspring.frontend.access import Access
     from mainspring.frontend.dataplane import DataPlane
     from mainspring.frontend.grpc import start_grpc
-    from mainspring.frontend.http import make_app
+    from mainspring.frontend.http import start_http
     from mainspring.frontend.limits import RequestLimits
     from mainspring.models.repository import ModelRepository
 
@@ -207,9 +232,7 @@ async def run_frontend(spec: FrontendSpec) -> None:
     repo = ModelRepository(spec.repo) if spec.repo else None
     access = Access(os.environ.get(TOKEN_ENV, ""), spec.auth_inference)
     plane = DataPlane(controller, repo, limits=RequestLimits(**spec.limits), access=access)
-    runner = web.AppRunner(make_app(plane), access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    await web.TCPSite(runner, spec.host, spec.http_port, reuse_port=True).start()
+    runner = await start_http(plane, spec.host, spec.http_port, reuse_port=True)
     grpc_server = await start_grpc(plane, f"{spec.host}:{spec.grpc_port}", share_port=True)
     log.info("frontend %s (pid %d) serving HTTP on %s:%d and gRPC on %s:%d", spec.name, os.getpid(),
              spec.host, spec.http_port, spec.host, spec.grpc_port)  # fmt: skip

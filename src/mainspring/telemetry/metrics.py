@@ -81,6 +81,13 @@ class ServingMetrics:
             ["frontend"],
             registry=r,
         )
+        self.client_disconnects = Counter(
+            "mainspring_client_disconnects",
+            "Clients gone mid-request (hung_up) or cut off (header_timeout, body_timeout, connection_limit), "
+            "by frontend process and transport",
+            ["frontend", "transport", "cause"],
+            registry=r,
+        )
         self.loop_lag = Gauge(
             "mainspring_controller_loop_lag_seconds",
             "How late the controller's event loop wakes (held two ticks in a row, decaying by half every 100 ms); "

@@ -42,6 +42,12 @@ class Ask(msgspec.Struct, frozen=True, tag=True):
     seconds: float = 0.0
 
 
+class Dropped(msgspec.Struct, frozen=True, tag=True):
+    """Clients this frontend saw go mid-request or cut off since its last ``Dropped``: (transport, cause, count)."""
+
+    counts: list[tuple[str, str, int]]
+
+
 class Applied(msgspec.Struct, frozen=True, tag=True):
     """The frontend answers from ``State`` number ``seq`` now (a load or unload waits for every one)."""
 
@@ -82,7 +88,7 @@ class Reply(msgspec.Struct, frozen=True, tag=True):
     value: Any = None
 
 
-FrontendMessage = Join | Submit | Ask | Applied | State | Answers | Refused | Reply
+FrontendMessage = Join | Submit | Ask | Applied | Dropped | State | Answers | Refused | Reply
 
 _decoder = msgspec.msgpack.Decoder(FrontendMessage)
 

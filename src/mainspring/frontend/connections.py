@@ -1,0 +1,188 @@
+"""How many HTTP clients may be connected, and how long each may take to send a request.
+
+aiohttp bounds the length of a header line and, with its keep-alive timer, how long a connection
+waits for a request, but not how long one request's headers may take once they have begun, nor
+how many connections are open. A client that sends a byte every 100 ms, or opens connections and
+says nothing, would hold a file descriptor each for as long as it liked. ``GuardedSite`` listens
+in front of aiohttp's handler: past ``max_connections`` a new connection is answered 503 and
+closed; a request whose headers are not all in within ``header_timeout_s`` of its first byte is
+answered 408 and closed. The body's bound (``body_timeout_s``) is the handler's (``http.py``);
+the idle bound is aiohttp's keep-alive timer, set to ``idle_timeout_s``.
+
+Clients that are cut off, and those that hang up mid-request, are counted by cause
+(``mainspring_client_disconnects_total``) and logged one line at a time at most every
+``LOG_EVERY_S``: a flood of them must not flood the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from aiohttp import web
+
+from mainspring.frontend.limits import RequestLimits
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 10.0
+CAUSES = {
+    "hung_up": "hung up mid-request",
+    "header_timeout": "sent no complete headers in time (header_timeout_s)",
+    "body_timeout": "sent no complete body in time (body_timeout_s)",
+    "connection_limit": "were refused a connection (max_connections)",
+}
+
+
+class DroppedClients:
+    """Counts clients gone mid-request or cut off (``count(transport, cause)``: the metric), and logs
+    them in one line at most every ``LOG_EVERY_S`` seconds."""
+
+    def __init__(self, count: Callable[[str, str], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self._count = count
+        self._clock = clock
+        self._unlogged: Counter[tuple[str, str]] = Counter()
+        self._logged_at = -LOG_EVERY_S
+
+    def record(self, transport: str, cause: str) -> None:
+        self._count(transport, cause)
+        self._unlogged[transport, cause] += 1
+        now = self._clock()
+        if now - self._logged_at >= LOG_EVERY_S:
+            counts = sorted(self._unlogged.items())
+            summary = "; ".join(f"{n} {where} client(s) {CAUSES[why]}" for (where, why), n in counts)
+            log.info("%s (since the last such line; mainspring_client_disconnects_total counts them)", summary)
+            self._unlogged.clear()
+            self._logged_at = now
+
+
+def _answer_and_close(transport: asyncio.BaseTransport, status: int, reason: str, message: str) -> None:
+    """Write a whole HTTP response that ends the connection, then close it (what was received is dropped)."""
+    body = json.dumps({"error": message}).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+    if isinstance(transport, asyncio.WriteTransport) and not transport.is_closing():
+        transport.write(head.encode() + body)
+    transport.close()
+
+
+class _Watched(asyncio.Protocol):
+    """One connection: aiohttp's handler behind it, timed while a request's headers arrive."""
+
+    def __init__(self, handler: asyncio.Protocol, guard: ConnectionGuard) -> None:
+        self._handler = handler
+        self._guard = guard
+        self._transport: asyncio.BaseTransport | None = None
+        self._refused = False
+        self._between_requests = True  # no request is being handled: the next byte starts one
+        self._answered_for_good = False  # what the client sends now is the rest of a body refused for being slow
+        self._headers_due: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        guard = self._guard
+        if len(guard.open) >= guard.limits.max_connections:
+            self._refused = True
+            guard.dropped.record("http", "connection_limit")
+            message = f"too many connections: {guard.limits.max_connections} are open (max_connections)"
+            _answer_and_close(transport, 503, "Service Unavailable", message)
+            return
+        guard.open[transport] = self
+        self._handler.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._answered_for_good:
+            return  # the rest of a body refused for being slow (the connection is closing)
+        if self._between_requests and self._headers_due is None:
+            timeout = self._guard.limits.header_timeout_s
+            self._headers_due = asyncio.get_running_loop().call_later(timeout, self._headers_late)
+        self._handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None if self._refused else self._handler.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        if self._transport is not None:
+            self._guard.open.pop(self._transport, None)
+        if not self._refused:
+            self._handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if not self._refused:
+            self._handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if not self._refused:
+            self._handler.resume_writing()
+
+    def request_started(self) -> None:
+        self._stop_timer()
+        self._between_requests = False
+
+    def request_finished(self) -> None:
+        self._between_requests = True
+        if self._answered_for_good and self._transport is not None:
+            # Soon: once aiohttp has written the answer (it does without yielding), not after its lingering
+            # close, which would read on for 10 s at the client's pace. close() sends what is written first.
+            asyncio.get_running_loop().call_soon(self._transport.close)
+
+    def close_after_answer(self) -> None:
+        """The request was refused for a body too slow: close once the answer is out, reading no more of it."""
+        self._answered_for_good = True
+
+    def _stop_timer(self) -> None:
+        if self._headers_due is not None:
+            self._headers_due.cancel()
+            self._headers_due = None
+
+    def _headers_late(self) -> None:
+        self._headers_due = None
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._guard.dropped.record("http", "header_timeout")
+        timeout = self._guard.limits.header_timeout_s
+        message = f"request headers not received within {timeout:g} s (header_timeout_s)"
+        _answer_and_close(self._transport, 408, "Request Timeout", message)
+
+
+class ConnectionGuard:
+    """The open connections of one HTTP frontend, with their limits and where cut-offs are counted."""
+
+    def __init__(self, limits: RequestLimits, dropped: DroppedClients) -> None:
+        self.limits = limits
+        self.dropped = dropped
+        self.open: dict[asyncio.BaseTransport, _Watched] = {}
+
+    def watch(self, handler: asyncio.Protocol) -> asyncio.Protocol:
+        return _Watched(handler, self)
+
+    def connection(self, transport: asyncio.BaseTransport | None) -> _Watched | None:
+        """The watched connection a request came on (None: a site that does not watch)."""
+        return None if transport is None else self.open.get(transport)
+
+
+class GuardedSite(web.TCPSite):
+    """aiohttp's TCP site with every connection watched by ``guard``."""
+
+    def __init__(self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int,
+                 reuse_port: bool | None = None) -> None:  # fmt: skip
+        super().__init__(runner, host, port, reuse_port=reuse_port)
+        self._guard = guard
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner
+        server = self._runner.server
+        assert server is not None
+        guard = self._guard
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: guard.watch(server()), self._host, self._port, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
+        )  # fmt: skip
+        self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port

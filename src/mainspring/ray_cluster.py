@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +31,18 @@ log = logging.getLogger(__name__)
 
 NODE_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
 RESTART_BACKOFF_S = (0.5, 30.0)  # first delay, longest delay (doubling per restart in the last minute)
+# A local instance started for this server only places worker actors: nothing goes through its object
+# store, whose default is 30% of memory (and warns where /dev/shm is smaller).
+LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """``OSError`` at once for a ``HOST:PORT`` nothing listens on: Ray itself tries for minutes."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or "://" in address:
+        return  # "auto", a ray:// client address: Ray's own lookup
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+        pass
 
 
 class WorkerActor:
@@ -81,7 +94,20 @@ class RayPlacer:
         except ImportError:
             raise RuntimeError("serve --ray needs the ray package: pip install 'mainspring[ray]'") from None
         self._ray = ray
-        ray.init(address=self.address, namespace="mainspring", logging_level=logging.WARNING, log_to_driver=False)
+        options: dict[str, Any] = {"namespace": "mainspring", "logging_level": logging.WARNING, "log_to_driver": False}
+        try:
+            _check_reachable(self.address)
+            ray.init(address=self.address, **options)
+        except OSError as error:  # ConnectionError from Ray; refused, unresolvable or silent from the check
+            if self.address != "auto":
+                raise RuntimeError(
+                    f"cannot reach the Ray cluster at {self.address!r} ({error}); is it running (`ray start --head` "
+                    "there)? serve --ray with no address starts a local one when none runs here"
+                ) from None
+            # As ray.init() does when given no address: this server's own instance, stopped with it.
+            log.info("no Ray cluster is running here: starting a local one, which stops with this server "
+                     "(`ray start --head` keeps one across restarts)")  # fmt: skip
+            ray.init(include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **options)
         self._actor_class = ray.remote(max_restarts=0, max_concurrency=2)(WorkerActor)
         self._thread.start()
 
@@ -91,7 +117,10 @@ class RayPlacer:
     def stop(self) -> None:
         """Stop placing, end every placed worker (its actor), and leave the cluster."""
         self._stop.set()
-        self._thread.join(10)
+        if self._thread.ident is not None:  # it started (a start that failed did not get that far)
+            self._thread.join(10)
+        if self._ray is None or not self._ray.is_initialized():
+            return
         for node in list(self.reserved):
             self._release(node)
         self._ray.shutdown()

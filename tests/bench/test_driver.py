@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import itertools
 import random
 from pathlib import Path
 
@@ -78,22 +79,27 @@ def test_requests_leave_on_schedule_and_each_answer_counts_as_what_it_is(tmp_pat
                                       random.Random(1)))  # fmt: skip
     rows = sorted(result.sent, key=lambda r: r.index)
     assert [r.scheduled_ns for r in rows] == [a.time_ns for a in expected] and result.unanswered == 0
-    # Open loop: the slow model's 1.2 s answers hold no send back (a generous bound for a busy machine).
-    lags = sorted(r.sent_ns - r.scheduled_ns for r in rows)
-    assert lags[0] >= 0 and lags[len(lags) // 2] < 20 * NS_PER_MS
+    assert all(r.sent_ns >= r.scheduled_ns for r in rows)  # never early
     by_model = {m: [r for r in rows if r.model == m] for m in MODELS}
-    assert all(r.good for r in by_model["fast"])
-    assert all(r.status is ResponseStatus.SUCCESS and not r.good for r in by_model["slow"])
+    # Open loop: the slow model's 1.2 s answers hold no send back. Its requests are scheduled well within
+    # 1.2 s of each other, and each left before the one before it was answered.
+    slow = by_model["slow"]
+    assert all(b.scheduled_ns - a.scheduled_ns < SLOW_S * NS_PER_S / 2 for a, b in itertools.pairwise(slow))
+    assert all(b.sent_ns < a.answered_ns for a, b in itertools.pairwise(slow))
+    assert all(r.status is ResponseStatus.SUCCESS for r in by_model["fast"])  # good too, unless the machine stalls
+    assert all(r.status is ResponseStatus.SUCCESS and not r.good for r in slow)
     assert {(r.status, r.reason) for r in by_model["refused"]} == {(ResponseStatus.REJECTED, "overloaded")}
     assert {(r.status, r.reason) for r in by_model["expired"]} == {(ResponseStatus.TIMED_OUT, "expired_in_queue")}
     assert {(r.status, r.reason) for r in by_model["broken"]} == {(ResponseStatus.ERROR, "boom")}
     report = build(result)
-    assert report["requests"] == len(expected) and report["late"] == len(by_model["slow"])
+    late = [r for r in rows if r.status is ResponseStatus.SUCCESS and not r.good]  # every slow one, at least
+    assert report["requests"] == len(expected) and report["late"] == len(late)
     assert report["reasons"] == {
         "overloaded": len(by_model["refused"]), "expired_in_queue": len(by_model["expired"]),
         "boom": len(by_model["broken"]),
     }  # fmt: skip
-    assert report["by_model"]["fast"]["slo_attainment"] == 1.0 and "SLO attainment" in format_report(report)
+    fast_good = sum(r.good for r in by_model["fast"]) / len(by_model["fast"])
+    assert report["by_model"]["fast"]["slo_attainment"] == fast_good and "SLO attainment" in format_report(report)
     write_log(rows, tmp_path / "requests.tsv")
     with (tmp_path / "requests.tsv").open() as log:
         logged = list(csv.DictReader(log, delimiter="\t"))
@@ -102,10 +108,16 @@ def test_requests_leave_on_schedule_and_each_answer_counts_as_what_it_is(tmp_pat
 
 def test_a_closed_loop_sends_the_next_request_when_an_answer_comes(tmp_path: Path) -> None:
     result = asyncio.run(run(ClosedLoop(clients=5), 3.0, tmp_path))
-    per_model = {m: sum(1 for r in result.sent if r.model == m) for m in MODELS}
-    # Each of the 5 clients keeps one request in flight on its own model: the slow one gets
-    # 3 s / 1.2 s of them (sent at 0, 1.2 and 2.4 s), the others many more.
-    assert 2 <= per_model["slow"] <= 3 and per_model["fast"] > 20 and result.unanswered == 0
+    assert result.unanswered == 0
+    # Each of the 5 clients keeps one request in flight on its own model: each request left once the one
+    # before it was answered, and the last one's answer came too late for another within the 3 s (a failure
+    # waits the 10 ms backoff first) ...
+    for model in MODELS:
+        sent = sorted((r for r in result.sent if r.model == model), key=lambda r: r.sent_ns)
+        assert all(a.answered_ns <= b.scheduled_ns <= b.sent_ns for a, b in itertools.pairwise(sent)), model
+        assert sent[-1].answered_ns + 10 * NS_PER_MS >= result.duration_ns, model
+    # ... so the slow one gets 3 s / 1.2 s of them at most (sent at 0, 1.2 and 2.4 s).
+    assert sum(r.model == "slow" for r in result.sent) <= 3
 
 
 def test_a_server_that_never_answers_is_given_up_on_and_every_request_still_counted(tmp_path: Path) -> None:
@@ -113,4 +125,4 @@ def test_a_server_that_never_answers_is_given_up_on_and_every_request_still_coun
     hung = [r for r in result.sent if r.model == "hung"]
     assert hung and result.unanswered == len(hung)
     assert all(r.status is ResponseStatus.ERROR and "gave up" in r.reason for r in hung)
-    assert all(r.good for r in result.sent if r.model == "fast")
+    assert all(r.status is ResponseStatus.SUCCESS for r in result.sent if r.model == "fast")

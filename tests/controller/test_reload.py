@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -14,41 +15,51 @@ from mainspring.protocol.models import ModelOperation, ModelTarget
 from mainspring.transport.inprocess import InProcessWorker
 from tests.controller.test_service import emulated, tensor, with_service
 from tests.fakes import profile
+from tests.waiting import until
 
 
-async def keep_asking(plane: DataPlane, model: str, stop: asyncio.Event, clients: int = 8) -> tuple[int, list[str]]:
-    """``clients`` closed-loop clients of ``model`` until ``stop``: requests answered, and every failure's message."""
-    answered, failures = 0, []
+class Asking:
+    """What ``keep_asking``'s clients got so far: requests answered, and every failure's message."""
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self.failures: list[str] = []
+
+    def more_than(self, count: int) -> Callable[[], bool]:
+        """A condition: more than ``count`` answered, or a failure (nothing to wait for then)."""
+        return lambda: self.answered > count or bool(self.failures)
+
+
+async def keep_asking(plane: DataPlane, model: str, stop: asyncio.Event, asking: Asking, clients: int = 8) -> None:
+    """``clients`` closed-loop clients of ``model`` until ``stop``, counted in ``asking``."""
 
     async def client(seed: int) -> None:
-        nonlocal answered
         while not stop.is_set():
-            sent = tensor(np.full((1, 3), seed + answered, np.float32))
+            sent = tensor(np.full((1, 3), seed + asking.answered, np.float32))
             try:
                 _, outputs = await plane.infer(model, None, [sent], None, {})
                 np.testing.assert_array_equal(outputs[0].data, sent.data)  # its own answer
-                answered += 1
+                asking.answered += 1
             except InferenceError as error:
-                failures.append(str(error))
+                asking.failures.append(str(error))
 
     await asyncio.gather(*(client(i) for i in range(clients)))
-    return answered, failures
 
 
 def test_a_reload_in_place_answers_every_request_and_retires_the_old_load() -> None:
     async def test(service: ControllerService, plane: DataPlane, handle: InProcessWorker) -> None:
-        stop = asyncio.Event()
-        asking = asyncio.create_task(keep_asking(plane, "a", stop))
-        await asyncio.sleep(0.1)
+        stop, asking = asyncio.Event(), Asking()
+        clients = asyncio.create_task(keep_asking(plane, "a", stop, asking))
+        await until(asking.more_than(25))  # served by the first load
         await service.reload_model("a")
         assert service.models["a"].key == "a@2" and plane.model_ready("a")
         assert plane.model_config("a")["name"] == "a" and plane.model_config("a")["profile"]["model"] == "a"
-        await asyncio.sleep(0.1)  # served by the new load
+        await until(asking.more_than(asking.answered + 25))  # served by the new load
         stop.set()
-        answered, failures = await asking
-        assert failures == [] and answered > 50
+        await clients
+        assert asking.failures == [] and asking.answered > 50
         assert sorted(handle.worker.profiles()) == ["a@2", "b"]  # the old load is gone from the worker
-        assert service.metrics.stats("a").success_count == answered  # one model to its users, across the reload
+        assert service.metrics.stats("a").success_count == asking.answered  # one model to its users, across the reload
         exposition = await service.exposition()
         assert b'model="a@2"' not in exposition and b'model="a"' in exposition
         await service.reload_model("a")  # again: another internal name
@@ -68,21 +79,17 @@ def test_a_worker_that_joins_later_serves_what_is_served_not_what_it_holds() -> 
         second = emulated(service, name="later")  # registered a and b under their own names at start
         second.join()
         try:
-            for _ in range(200):
-                if service.device_count == 4:
-                    break
-                await asyncio.sleep(0.01)
-            assert service.device_count == 4
+            await until(lambda: service.device_count == 4)
             assert sorted(second.worker.profiles()) == ["a@2"]  # b stays unloaded, a is the reloaded load
             assert sorted(service.models) == ["a"]
             service.on_lost(first)
             first.close("gone")
-            stop = asyncio.Event()
-            asking = asyncio.create_task(keep_asking(plane, "a", stop))
-            await asyncio.sleep(0.1)
+            stop, asking = asyncio.Event(), Asking()
+            clients = asyncio.create_task(keep_asking(plane, "a", stop, asking))
+            await until(asking.more_than(20))
             stop.set()
-            answered, failures = await asking
-            assert failures == [] and answered > 20  # served on the later worker's devices alone
+            await clients
+            assert asking.failures == [] and asking.answered > 20  # served on the later worker's devices alone
         finally:
             second.close("test over")
 
@@ -146,11 +153,8 @@ def test_a_reload_a_worker_does_not_answer_leaves_no_load_behind() -> None:
             with pytest.raises(ServiceError, match="did not answer in"):
                 await service.reload_model("a", timeout_s=0.3)
             assert service.models["a"].key == "a"  # still served as it was
-            for _ in range(100):  # the unload that cleans up is answered on the worker's thread
-                if sorted(first.worker.profiles()) == ["a", "b"]:
-                    break
-                await asyncio.sleep(0.01)
-            assert sorted(first.worker.profiles()) == ["a", "b"]  # was: it kept a@2, which nothing would unload
+            # The unload that cleans up is answered on the worker's thread (was: it kept a@2, which nothing unloads).
+            await until(lambda: sorted(first.worker.profiles()) == ["a", "b"])
             _, outputs = await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})
             np.testing.assert_array_equal(outputs[0].data, np.ones((1, 3), np.float32))
         finally:

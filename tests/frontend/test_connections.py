@@ -19,29 +19,42 @@ from prometheus_client.parser import text_string_to_metric_families
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.connections import DroppedClients
 from mainspring.frontend.dataplane import DataPlane
+from mainspring.frontend.grpc import start_grpc
 from mainspring.frontend.http import start_http
 from mainspring.frontend.limits import RequestLimits
 from mainspring.transport.inprocess import InProcessWorker
 from tests.controller.test_service import with_service
-from tests.serving.processes import free_port
+from tests.serving.processes import free_ports
+from tests.waiting import until
 
 BODY = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}).encode()
 INFER = b"POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 PATIENCE_S = 60.0  # how long a client waits for what must come; only a broken server waits that long
 
 
-def with_http(test: Callable[[ControllerService, int], Awaitable[None]], **limits: Any) -> None:
-    """``test`` with an HTTP frontend on a free loopback port, its limits ``limits``."""
+def with_frontends(test: Callable[[ControllerService, int, int], Awaitable[None]], **limits: Any) -> None:
+    """``test(service, http_port, grpc_port)`` with HTTP and gRPC frontends on free loopback ports, their
+    limits ``limits``, before the live service with an emulated worker serving echo models ``a`` and ``b``."""
 
     async def serve(service: ControllerService, _: DataPlane, __: InProcessWorker) -> None:
-        port = free_port()
-        runner = await start_http(DataPlane(service, limits=RequestLimits(**limits)), "127.0.0.1", port)
+        http_port, grpc_port = free_ports(2)
+        plane = DataPlane(service, limits=RequestLimits(**limits))
+        runner = await start_http(plane, "127.0.0.1", http_port)
+        grpc_server = await start_grpc(plane, f"127.0.0.1:{grpc_port}")
         try:
-            await test(service, port)
+            await test(service, http_port, grpc_port)
         finally:
+            await grpc_server.stop(0.5)
             await runner.cleanup()
 
     with_service(serve)
+
+
+def with_http(test: Callable[[ControllerService, int], Awaitable[None]], **limits: Any) -> None:
+    async def http_only(service: ControllerService, http_port: int, _: int) -> None:
+        await test(service, http_port)
+
+    with_frontends(http_only, **limits)
 
 
 def connect(port: int) -> socket.socket:
@@ -165,18 +178,9 @@ def test_connections_past_the_limit_are_refused_with_a_503_naming_it() -> None:
         async def served_again() -> bool:
             return (await asyncio.to_thread(request, port))[0] == 200
 
-        assert await eventually(served_again)  # the closed ones no longer count
+        await until(served_again)  # the closed ones no longer count
 
     with_http(test, max_connections=3)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = PATIENCE_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
 
 
 def test_clients_that_hang_up_mid_body_are_counted_and_logged_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -189,10 +193,7 @@ def test_clients_that_hang_up_mid_body_are_counted_and_logged_in_one_line(caplog
             for _ in range(5):
                 await asyncio.gather(*(asyncio.to_thread(hang_up) for _ in range(20)))
 
-            async def all_counted() -> bool:
-                return disconnects(service).get("hung_up", 0) == 100
-
-            assert await eventually(all_counted), disconnects(service)
+            await until(lambda: disconnects(service).get("hung_up", 0) == 100)
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
         lines = [r for r in caplog.records if "hung up mid-request" in r.getMessage()]
         assert len(lines) == 1 and "\n" not in lines[0].getMessage(), caplog.text

@@ -49,9 +49,10 @@ def test_a_call_the_controller_never_answers_fails_after_its_deadline_and_a_grac
         await controller.start(timeout_s=5)
         assert controller.accepting and controller.device_count == 1 and controller.default_slo_ns == 100_000_000
         begin = time.monotonic()
+        call = controller.infer("m", [{"input": np.ones((1, 4), np.float32)}], slo_ns=100_000_000)
         with pytest.raises(ServiceError, match=r"did not answer within 0\.3 s") as error:
-            await controller.infer("m", [{"input": np.ones((1, 4), np.float32)}], slo_ns=100_000_000)
-        assert error.value.kind == "unavailable" and 0.25 < time.monotonic() - begin < 2.0
+            await asyncio.wait_for(call, 60)  # a hang fails here, with TimeoutError
+        assert error.value.kind == "unavailable" and time.monotonic() - begin > 0.25  # after the deadline and grace
         assert isinstance(seen[-1], Submit) and seen[-1].inputs[0][0].shape == (1, 4)
         await controller.close()
         task.cancel()

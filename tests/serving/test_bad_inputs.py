@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mainspring.models.repository import ModelRepository
 from tests.serving.processes import ServerProcess, http_call
@@ -18,6 +19,7 @@ def bert_body(ids: np.ndarray) -> bytes:
     return json.dumps({"inputs": [tensor]}).encode()
 
 
+@pytest.mark.slow
 def test_a_bad_input_fails_alone(small_zoo: ModelRepository, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(small_zoo.root, repo)

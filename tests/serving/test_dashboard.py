@@ -12,7 +12,8 @@ import pytest
 
 from mainspring.models.repository import ModelRepository
 from tests.serving.processes import ServerProcess, http_call
-from tests.serving.test_worker_loss import body, wait_for
+from tests.serving.test_worker_loss import body
+from tests.waiting import wait_for
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 
 from mainspring.models.repository import ModelRepository
 from tests.serving.processes import ServerProcess, child_pids, http_call
 from tests.serving.test_supervision import metric
-from tests.serving.test_worker_loss import wait_for
+from tests.waiting import wait_for
 
 
 def frontend_pid(server: ServerProcess) -> int:
@@ -35,6 +36,7 @@ def mlp_request(seed: int) -> tuple[bytes, np.ndarray]:
     return json.dumps(body).encode(), data
 
 
+@pytest.mark.slow
 def test_two_frontend_processes_answer_every_request_once(small_zoo: ModelRepository, tmp_path: Path) -> None:
     shutil.copytree(small_zoo.root, tmp_path / "repo")
     server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--frontends", "2", "--slo-ms", "30000")

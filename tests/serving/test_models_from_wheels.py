@@ -27,6 +27,7 @@ def magika_features(content: bytes) -> np.ndarray:
     return np.array([begin + end], dtype=np.int32)
 
 
+@pytest.mark.slow
 def test_a_model_from_a_wheel_is_served_from_a_triton_repository(tmp_path: Path) -> None:
     built = subprocess.run([sys.executable, str(EXAMPLE), str(tmp_path / "repo")], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
@@ -67,6 +68,7 @@ def test_the_features_follow_magikas_layout(size: int) -> None:
     assert (features[0, :1024] == 256).sum() == max(0, 1024 - size)
 
 
+@pytest.mark.slow
 def test_a_triton_repository_is_served_and_its_refusals_listed(tmp_path: Path) -> None:
     repo = build_triton_repo(tmp_path / "repo")
     server = ServerProcess(repo.root, tmp_path / "server.log", "--slo-ms", "30000")

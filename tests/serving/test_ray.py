@@ -21,7 +21,8 @@ from mainspring.models.repository import ModelRepository
 from mainspring.ray_cluster import RayPlacer, RayWorkers
 from tests.serving.processes import ServerProcess, free_port, http_call
 from tests.serving.test_supervision import metric
-from tests.serving.test_worker_loss import body, wait_for
+from tests.serving.test_worker_loss import body
+from tests.waiting import wait_for
 
 
 def test_without_ray_installed_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,6 +79,7 @@ def actor_pids() -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_workers_on_a_ray_cluster_are_placed_and_replaced(
     small_zoo: ModelRepository, tmp_path: Path, ray_cluster: tuple[str, dict[str, str]]
 ) -> None:

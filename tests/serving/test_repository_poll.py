@@ -7,15 +7,17 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tritonclient.http as httpclient
 
 from mainspring.models.loading import export_zoo_model
 from mainspring.models.repository import ModelRepository
 from tests.serving.processes import ServerProcess, http_call
 from tests.serving.test_kserve import MlpClients
-from tests.serving.test_worker_loss import wait_for
+from tests.waiting import wait_for
 
 
+@pytest.mark.slow
 def test_a_polled_repository_is_served_as_it_changes(small_zoo: ModelRepository, tmp_path: Path) -> None:
     shutil.copytree(small_zoo.root, tmp_path / "repo")
     repo = ModelRepository(tmp_path / "repo")

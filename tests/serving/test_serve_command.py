@@ -105,6 +105,7 @@ def test_a_config_file_may_list_the_devices(tmp_path: Path) -> None:
     assert load_config(file, {}, {}).device_list() == ["cpu", "cpu"]
 
 
+@pytest.mark.slow
 def test_first_start_builds_the_zoo_and_sigterm_answers_what_is_in_flight(tmp_path: Path) -> None:
     http_port = free_port()
     env = {**os.environ, "HOME": str(tmp_path), "MAINSPRING_HTTP_PORT": str(http_port),
@@ -150,6 +151,7 @@ def test_first_start_builds_the_zoo_and_sigterm_answers_what_is_in_flight(tmp_pa
     assert "first start: writing the built-in zoo" in text and "stopped" in text and "Traceback" not in text
 
 
+@pytest.mark.slow
 def test_the_uvloop_event_loop_serves_when_chosen(small_zoo: ModelRepository, tmp_path: Path) -> None:
     import shutil
 

@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 
 import msgspec
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mainspring.models.repository import ModelRepository
 from tests.serving.processes import ServerProcess, child_pids, http_call, start_worker
-from tests.serving.test_worker_loss import body, wait_for
+from tests.serving.test_worker_loss import body
+from tests.waiting import wait_for
 
 
 def metric(server: ServerProcess, name: str) -> float:
@@ -30,6 +32,7 @@ def restarts(server: ServerProcess) -> float:
     return metric(server, "mainspring_worker_restarts")
 
 
+@pytest.mark.slow
 def test_a_killed_local_worker_is_started_again(small_zoo: ModelRepository, tmp_path: Path) -> None:
     shutil.copytree(small_zoo.root, tmp_path / "repo")
     server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--slo-ms", "30000")
@@ -62,6 +65,7 @@ def test_a_killed_local_worker_is_started_again(small_zoo: ModelRepository, tmp_
         assert server.stop() == 0, (tmp_path / "server.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_remote_worker_joins_the_next_controller(small_zoo: ModelRepository, tmp_path: Path) -> None:
     shutil.copytree(small_zoo.root, tmp_path / "repo")
     servers = []

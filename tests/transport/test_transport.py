@@ -18,7 +18,7 @@ from mainspring.time import NS_PER_MS, NS_PER_S, WallClock
 from mainspring.transport.clock_sync import ClockSync
 from mainspring.transport.links import WorkerHandle
 from mainspring.transport.messages import Act, Result, decode, encode, metas_of
-from mainspring.transport.zmq_hub import WorkerHub
+from mainspring.transport.zmq_hub import RemoteWorker, WorkerHub
 from mainspring.worker.process import WorkerConnection
 from mainspring.worker.torch_worker import TorchWorker
 
@@ -49,11 +49,14 @@ def test_clock_sync_trusts_the_fastest_round_trip() -> None:
     assert sync.to_worker(1_000) == offset + 1_000 and sync.to_controller(offset + 1_000) == 1_000
 
 
+SHIFT_NS = 5 * NS_PER_S
+
+
 class ShiftedClock(WallClock):
     """A worker host whose monotonic clock reads 5 s ahead of the controller's."""
 
     def now_ns(self) -> int:
-        return super().now_ns() + 5 * NS_PER_S
+        return super().now_ns() + SHIFT_NS
 
 
 class Events:
@@ -75,9 +78,29 @@ class Events:
         pass
 
 
+class EstimatedOffsets(Events):
+    """Also how far off the hub's estimate of the worker's clock offset was (and the round trip it came from)
+    when each result's timing was translated with it: the worker's clock reads exactly ``SHIFT_NS`` ahead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: dict[int, tuple[int, int]] = {}
+
+    def on_result(self, handle: WorkerHandle, result: ActionResult) -> None:
+        assert isinstance(handle, RemoteWorker)
+        self.errors[result.action_id] = estimate_error(handle)
+        super().on_result(handle, result)
+
+
+def estimate_error(handle: RemoteWorker) -> tuple[int, int]:
+    """How far off the offset estimate is now, and the round trip it came from."""
+    assert handle.sync.rtt_ns is not None
+    return handle.sync.offset_ns - SHIFT_NS, handle.sync.rtt_ns
+
+
 def test_hub_translates_windows_into_a_shifted_worker_clock(small_zoo: ModelRepository) -> None:
     async def scenario() -> None:
-        events = Events()
+        events = EstimatedOffsets()
         events.joined = asyncio.get_running_loop().create_future()
         hub = WorkerHub("tcp://127.0.0.1:0", events, heartbeat_s=0.05)
         await hub.start()
@@ -99,14 +122,19 @@ def test_hub_translates_windows_into_a_shifted_worker_clock(small_zoo: ModelRepo
             handle.send_action(action, inputs)
             return await asyncio.wait_for(events.results[action.action_id], 30)
 
+        assert isinstance(handle, RemoteWorker)
+        window_error, window_rtt = estimate_error(handle)  # of the estimate the window goes out with
         now = controller.now_ns()
         load = await run(LoadWeights(1, 0, "mlp", now + 20 * NS_PER_MS, now + NS_PER_S, 0))
         assert load.status is ActionStatus.OK, load.message  # untranslated, the window would have closed 4 s ago
-        # Within the error of the offset estimate (half the asymmetry of one round trip right after joining).
-        assert (
-            load.timing is not None
-            and now + 15 * NS_PER_MS <= load.timing.begin_ns <= controller.now_ns() + 5 * NS_PER_MS
-        )
+        # An estimate is off by at most half the round trip it came from (however slow that was) ...
+        timing_error, timing_rtt = events.errors[load.action_id]
+        assert abs(window_error) <= window_rtt // 2 + 1 and abs(timing_error) <= timing_rtt // 2 + 1
+        # ... and the load began after its window opened on the worker's clock and before its answer came, so on
+        # the controller's clock the same holds but for those errors: the timing came back translated.
+        assert load.timing is not None
+        assert now + 20 * NS_PER_MS + window_error - timing_error <= load.timing.begin_ns
+        assert load.timing.begin_ns <= controller.now_ns() - timing_error
         samples = sample_inputs(small_zoo.config("mlp"), 2)
         now = controller.now_ns()
         infer = await run(Infer(2, 0, "mlp", now, now + NS_PER_S, 0, (1, 2), 2), samples)

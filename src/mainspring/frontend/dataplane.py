@@ -339,7 +339,7 @@ def _duration_ns(key: str, value: Any, unit: int) -> int:
     most = MAX_SLO_MS * NS_PER_MS // unit
     if value > most:
         raise InferenceError(400, f"parameter {key!r} must be at most {most} (one day), got {value!r}"[:300])
-    return round(value * unit)
+    return max(1, round(value * unit))  # a positive SLO under 1 ns is one that cannot be met, not none
 
 
 # The client's status for each outcome (gRPC maps these once more, in ``grpc.py``).

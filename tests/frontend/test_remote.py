@@ -132,3 +132,36 @@ def test_a_load_or_unload_returns_once_every_frontend_answers_from_the_new_state
             await hub.close()
 
     with_service(test)
+
+
+def test_clients_a_frontend_process_drops_are_counted_in_the_controllers_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted where /metrics is answered (the controller), by frontend, transport and cause, told together."""
+    from mainspring.controller.frontends import FrontendHub
+    from tests.controller.test_service import with_service
+    from tests.frontend.test_connections import disconnects
+    from tests.waiting import until
+
+    monkeypatch.setattr(remote, "DROPPED_EVERY_S", 0.05)
+
+    async def test(service: object, _: DataPlane, __: object) -> None:
+        from mainspring.controller.service import ControllerService
+
+        assert isinstance(service, ControllerService)
+        hub = FrontendHub(service, f"ipc://{tmp_path}/frontends")
+        await hub.start()
+        frontend = RemoteController(hub.endpoint, "frontend-1")
+        await frontend.start(timeout_s=5)
+        try:
+            for cause in ("hung_up", "hung_up", "header_timeout"):
+                DataPlane(frontend).dropped.record("http", cause)
+            await until(lambda: disconnects(service) == {"hung_up": 2, "header_timeout": 1})
+            exposition = (await service.exposition()).decode()
+            expected = 'mainspring_client_disconnects_total{cause="hung_up",frontend="frontend-1",transport="http"} 2.0'
+            assert expected in exposition
+        finally:
+            await frontend.close()
+            await hub.close()
+
+    with_service(test)

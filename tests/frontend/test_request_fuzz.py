@@ -3,6 +3,7 @@ never another exception (which would be a 500), never an allocation past the lim
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -11,14 +12,17 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mainspring.frontend.dataplane import InferenceError, decode_tensor
+from mainspring.frontend.dataplane import InferenceError, decode_tensor, requested_slo_ns
+from mainspring.frontend.extensions import check_priority, class_count
 from mainspring.frontend.http import _inputs, _requested_outputs
 from mainspring.frontend.limits import RequestLimits
 from mainspring.protocol.tensors import DATATYPES
 
 LIMITS = RequestLimits(max_elements=10_000, max_string_bytes=64, max_json_depth=8)
 
-scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+# The float extremes every numeric parameter must survive (st.floats() reaches them only by luck).
+EXTREMES = st.sampled_from([1e308, -1e308, 1.8e305, 1.7e302, math.inf, -math.inf, math.nan, -0.0, 0.0, 5e-324, 2**63])
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | EXTREMES | st.text(max_size=12)
 json_values = st.recursive(
     scalars,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
@@ -30,7 +34,9 @@ input_entries = st.fixed_dictionaries(
     {"name": st.text(max_size=8) | st.integers(), "datatype": datatypes, "shape": shapes | json_values},
     optional={
         "data": json_values | st.lists(st.floats() | st.integers(), max_size=40),
-        "parameters": st.fixed_dictionaries({}, optional={"binary_data_size": st.integers(-4, 64) | json_values})
+        "parameters": st.fixed_dictionaries(
+            {}, optional={"binary_data_size": st.integers(-4, 64) | EXTREMES | json_values}
+        )
         | json_values,
     },
 )
@@ -115,3 +121,32 @@ def test_a_value_past_its_datatypes_range_is_a_400_naming_it(datatype: str, valu
     with pytest.raises(InferenceError, match=f"out of range for {datatype}") as refused:
         decode_tensor("x", datatype, [1], [value], None, LIMITS)
     assert refused.value.status == 400
+
+
+numbers = EXTREMES | st.floats() | st.integers() | st.booleans() | st.text(max_size=4) | st.none()
+
+
+@settings(max_examples=300, deadline=None)
+@given(parameters=st.dictionaries(st.sampled_from(["slo_ms", "timeout", "priority"]), numbers, max_size=3),
+       classes=numbers)  # fmt: skip
+@example(parameters={"slo_ms": 1e308}, classes=1)  # found: an OverflowError, a 500
+@example(parameters={"timeout": 1.8e305}, classes=1)
+@example(parameters={"slo_ms": 200, "timeout": -5}, classes=1)  # found: the timeout was not checked
+def test_numeric_parameters_are_taken_in_range_or_refused_with_a_400_naming_them(
+    parameters: dict[str, Any], classes: Any
+) -> None:
+    slo_ns, error = attempt(lambda: requested_slo_ns(parameters))
+    if error is not None:
+        refused_with_400(error)
+        assert any(repr(key) in error.message for key in parameters), error.message
+    elif slo_ns is not None:
+        assert isinstance(slo_ns, int) and 0 < slo_ns <= 86_400 * 10**9
+    for key in ("slo_ms", "timeout"):  # each one given is checked, also when another decides
+        value = parameters.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and (value < 0 or math.isnan(value)):
+            assert error is not None
+    _, error = attempt(lambda: check_priority(parameters))
+    if error is not None:
+        refused_with_400(error)
+    count, error = attempt(lambda: class_count({"classification": classes}, "out"))
+    assert (error is not None and error.status == 400) or (isinstance(count, int) and count >= 1)

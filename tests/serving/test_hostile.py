@@ -181,14 +181,23 @@ def test_only_a_worker_with_the_secret_joins(server: ServerProcess, small_zoo: M
                 process.wait(30)
 
 
+# JSON's float extremes (no inf or NaN: JSON has none; the gRPC and decoder tests send those).
+FLOAT_EXTREMES = [1e308, -1e308, 1.8e305, 1.7e302, -0.0, 5e-324, -5]
+
+
 def fuzzed_schema() -> BaseSchema:
-    """The served OpenAPI document, with model names drawn from the repository as well as at random."""
+    """The served OpenAPI document, with model names drawn from the repository as well as at random, and
+    every numeric inference parameter from the float extremes as well."""
     document = openapi_document()
     for path in document["paths"].values():
         for operation in path.values():
             for parameter in operation.get("parameters", ()):
                 if parameter["name"] == "model":
                     parameter["schema"] = {"anyOf": [{"enum": ["mlp", "resnet18", "bert_tiny"]}, {"type": "string"}]}
+    parameters = document["components"]["schemas"]["InferRequest"]["properties"]["parameters"]["properties"]
+    for name, schema in parameters.items():
+        if schema.get("type") in ("number", "integer"):
+            parameters[name] = {"anyOf": [{"enum": FLOAT_EXTREMES}, schema]}
     schema = schemathesis.openapi.from_dict(document)
     schema.config.generation.update(modes=list(schemathesis.GenerationMode))  # valid and invalid requests
     return schema

@@ -313,22 +313,28 @@ class DataPlane:
         return dict(requested)
 
     def _slo_ns(self, served: ServedModel, parameters: Mapping[str, Any]) -> int:
-        """The request's SLO: ``slo_ms``, else Triton's ``timeout`` (us; 0: none), else the model's or the
-        server's. Each one given is checked, also one that another overrides."""
-        chosen = None
-        for key, unit in (("slo_ms", NS_PER_MS), ("timeout", NS_PER_US)):
-            if key not in parameters:
-                continue
-            value = parameters[key]
-            if key == "timeout" and value == 0 and not isinstance(value, bool):
-                continue  # Triton's "no timeout": the model's own SLO
-            slo_ns = _duration_ns(key, value, unit)
-            chosen = slo_ns if chosen is None else chosen
-        if chosen is not None:
-            return chosen
+        """The request's SLO (``requested_slo_ns``), else the model's or the server's."""
+        requested = requested_slo_ns(parameters)
+        if requested is not None:
+            return requested
         if served.config.slo_ms is not None:
             return round(served.config.slo_ms * NS_PER_MS)
         return self.service.default_slo_ns
+
+
+def requested_slo_ns(parameters: Mapping[str, Any]) -> int | None:
+    """The SLO a request asks for: ``slo_ms``, else Triton's ``timeout`` (us; 0: none); None if neither.
+    Each one given is checked, also one that another overrides (400 naming it)."""
+    chosen = None
+    for key, unit in (("slo_ms", NS_PER_MS), ("timeout", NS_PER_US)):
+        if key not in parameters:
+            continue
+        value = parameters[key]
+        if key == "timeout" and value == 0 and not isinstance(value, bool):
+            continue  # Triton's "no timeout": the model's own SLO
+        slo_ns = _duration_ns(key, value, unit)
+        chosen = slo_ns if chosen is None else chosen
+    return chosen
 
 
 def _duration_ns(key: str, value: Any, unit: int) -> int:

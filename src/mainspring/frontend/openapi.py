@@ -64,7 +64,7 @@ def _paths() -> dict[str, Any]:
         },
         "/v2/repository/index": {
             "post": _optional_body(
-                _op("models in the repository and their state", _ok("index", "Index"), 400),
+                _op("models in the repository and their state", _ok("index", "Index"), 400, 408),
                 {"type": "object", "properties": {"ready": {"type": "boolean", "description": "only the ready ones"}}},
             )
         },
@@ -76,6 +76,7 @@ def _paths() -> dict[str, Any]:
                     _ok("loaded"),
                     400,
                     404,
+                    408,
                     503,
                     path_params=1,
                 ),
@@ -84,7 +85,7 @@ def _paths() -> dict[str, Any]:
         },
         "/v2/repository/models/{model}/unload": {
             "post": _optional_body(
-                _op("unload a model", _ok("unloaded"), 400, 404, path_params=1),
+                _op("unload a model", _ok("unloaded"), 400, 404, 408, path_params=1),
                 {
                     "type": "object",
                     "properties": {
@@ -100,13 +101,14 @@ def _paths() -> dict[str, Any]:
         "/v2/models/stats": {"get": _op("statistics of every model", _ok("statistics"))},
     }
     for prefix, params in (("/v2/models/{model}", 1), ("/v2/models/{model}/versions/{version}", 2)):
-        paths[prefix] = {"get": _op("model metadata", _ok("metadata", "ModelMetadata"), 404, path_params=params)}
+        # 400: a name or version past max_string_bytes
+        paths[prefix] = {"get": _op("model metadata", _ok("metadata", "ModelMetadata"), 400, 404, path_params=params)}
         paths[f"{prefix}/ready"] = {"get": _probe("model is ready", "not ready or unknown", params)}
-        paths[f"{prefix}/config"] = {"get": _op("model configuration", _ok("config"), 404, path_params=params)}
-        paths[f"{prefix}/stats"] = {"get": _op("model statistics", _ok("statistics"), 404, path_params=params)}
+        paths[f"{prefix}/config"] = {"get": _op("model configuration", _ok("config"), 400, 404, path_params=params)}
+        paths[f"{prefix}/stats"] = {"get": _op("model statistics", _ok("statistics"), 400, 404, path_params=params)}
         paths[f"{prefix}/infer"] = {"post": _op(
             "inference; SLO from parameters slo_ms or timeout (us), else the model's or the server's default",
-            _ok("outputs", "InferResponse"), 400, 404, 413, 429, 500, 503, 504, body="InferRequest",
+            _ok("outputs", "InferResponse"), 400, 404, 408, 413, 429, 500, 503, 504, body="InferRequest",
             path_params=params,
         )}  # fmt: skip
     return paths

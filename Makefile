@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
-.PHONY: run simulate test lint bench paper scenarios clean
+.PHONY: run simulate test lint bench paper scenarios gpu-check clean
 
 # Serving needs less than the tests (no Ray, test tools or type checker): about a minute less to set up.
 $(RUN_STAMP): pyproject.toml requirements-run.txt
@@ -34,6 +34,16 @@ lint: $(STAMP)
 test: lint
 	bash scripts/install_browser.sh  # Debian's chromium for the dashboard test (only when missing)
 	$(BIN)/pytest -q
+
+# The one command to run the first time a GPU is at hand (about 5 minutes on one): the CUDA path's tests
+# (tests/worker/test_cuda*.py), then the zoo profiled and served on it, with the prediction error of each
+# kind of action and exec p99/p50 (scripts/gpu_check.py). ONNX on CUDA needs onnxruntime-gpu in place of
+# onnxruntime (the CPU package hides the CUDA provider): this swaps them in the venv.
+gpu-check: $(STAMP)
+	$(BIN)/pip uninstall --quiet --yes onnxruntime
+	$(BIN)/pip install --quiet --disable-pip-version-check 'onnxruntime-gpu>=1.17'
+	$(BIN)/pytest -q -s -m gpu tests/worker/test_cuda.py tests/worker/test_cuda_stress.py
+	$(BIN)/python scripts/gpu_check.py
 
 # Mainspring beside Triton and Ray Serve, live (about an hour): installs the peers into .peers/, writes BENCHMARKS.md
 scenarios: $(STAMP)

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def run_worker(args: argparse.Namespace) -> int:
     from mainspring.models.repository import ModelRepository
+    from mainspring.protocol import ActionResult
     from mainspring.protocol.pages import MIB
     from mainspring.transport.security import SECRET_ENV
     from mainspring.worker.heap import freeze_startup_heap
@@ -103,9 +105,17 @@ def run_worker(args: argparse.Namespace) -> int:
     pool = args.pool_mib * MIB if args.pool_mib else None
     settings = ExecSettings(pin_core=args.pin_core)
     freeze_startup_heap(repo, repo.models())  # before any model is registered: those must stay collectable
+
+    def make_worker(sink: Callable[[ActionResult], None]) -> TorchWorker:
+        # A lost CUDA context: this process starts over (``connection`` exists by the time it is told).
+        return TorchWorker(repo, sink, [args.device], pool_bytes=pool, settings=settings, on_lost=start_over)
+
+    def start_over(reason: str) -> None:
+        connection.start_over(reason)
+
     connection = WorkerConnection(
         args.controller,
-        lambda sink: TorchWorker(repo, sink, [args.device], pool_bytes=pool, settings=settings),
+        make_worker,
         name=args.name,
         secret=os.environ.get(SECRET_ENV, ""),
     )
@@ -116,7 +126,7 @@ def run_worker(args: argparse.Namespace) -> int:
     remote = args.parent_pid is None
     outcome = connection.serve(args.parent_pid, args.controller_timeout_s, rejoin=remote)
     if outcome == START_OVER and remote:
-        # A hung lane: only a fresh process (an empty weight pool, nothing in flight) recovers it.
+        # A hung lane or a lost CUDA context: only a fresh process (an empty weight pool, nothing in flight) recovers.
         logging.getLogger(__name__).warning("starting over in a fresh process")
         os.execv(sys.executable, [sys.executable, "-m", "mainspring.cli", *sys.argv[1:]])
     if (

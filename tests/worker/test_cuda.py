@@ -15,6 +15,7 @@ from mainspring.protocol import ActionStatus
 from mainspring.protocol.pages import MIB
 from mainspring.worker.torch_worker import TorchWorker
 from tests.torch_models import RESNET_ARGS, Results
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.gpu,
@@ -52,7 +53,8 @@ def test_gpu_outputs_match_the_cpu_and_graphs_are_captured(
     gpu_worker.submit(load)
     assert results.wait(load.action_id).status is ActionStatus.OK
     residency = gpu_worker._devices[0]._resident[model]
-    assert set(residency.graphs) == set(gpu_worker.configs()[model].batch_sizes)
+    # Captured after the load's result, while the load lane is idle
+    wait_for(lambda: set(residency.graphs) == set(gpu_worker.configs()[model].batch_sizes))
     config = gpu_worker.configs()[model]
     for batch in config.batch_sizes:
         samples = sample_inputs(config, batch, seed=batch)

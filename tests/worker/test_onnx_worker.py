@@ -120,3 +120,21 @@ def test_onnx_in_mainsprings_own_layout_and_a_fixed_batch_named(tmp_path: Path, 
         np.testing.assert_allclose(infer(worker, results, "free", x, 2), expected, rtol=1e-5)
     finally:
         worker.close()
+
+
+def test_a_cuda_session_that_falls_back_to_the_cpu_is_refused_with_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnxruntime lists the CUDA provider even when its libraries do not load (onnxruntime#23059), then
+    runs on the CPU: refused, saying what to install, rather than served on the CPU unnoticed."""
+    import onnxruntime
+
+    from mainspring.models.onnx_module import OnnxModule
+
+    write_mlp_onnx(tmp_path / "model.onnx")
+    module = OnnxModule(tmp_path / "model.onnx", ("x",), ("y",))
+    listed = ["CUDAExecutionProvider", *onnxruntime.get_available_providers()]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: listed)
+    with pytest.raises(RuntimeError, match=r"did not take the CUDA provider for cuda:0 .*mainspring\[onnx-gpu\]"):
+        module._session_for(torch.device("cuda", 0))
+    assert module(torch.zeros(2, 16))[0].shape == (2, 4)  # on the CPU it runs as before

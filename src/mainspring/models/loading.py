@@ -21,14 +21,17 @@ from mainspring.models.zoo import architecture, build_model, example_inputs
 from mainspring.protocol.models import ModelConfig
 
 
-def load_module(repo: ModelRepository, model: str, version: int | None = None) -> tuple[ModelConfig, nn.Module]:
-    """The model's config and module (eval mode, on the CPU); ``ModelLoadError`` names the file and the reason."""
+def load_module(
+    repo: ModelRepository, model: str, version: int | None = None, device: torch.device | None = None
+) -> tuple[ModelConfig, nn.Module]:
+    """The model's config and module (eval mode; its weights on the CPU); ``ModelLoadError`` names the file and
+    the reason. ``device``: where it will run, for a format that fixes devices in its graph (torch.export)."""
     config = repo.config(model, version)
     file = repo.model_file(model, version)
     if not file.is_file():
         raise ModelLoadError(f"model {model!r}: file {file} does not exist")
     try:
-        module = _read(config, file)
+        module = _read(config, file, device)
     except ModelLoadError:
         raise
     except Exception as error:  # every loader has its own error types; all mean "this file cannot be served"
@@ -39,9 +42,16 @@ def load_module(repo: ModelRepository, model: str, version: int | None = None) -
     return config, module
 
 
-def _read(config: ModelConfig, file: Path) -> nn.Module:
+def _read(config: ModelConfig, file: Path, device: torch.device | None = None) -> nn.Module:
     if config.format == "torch_export":
-        exported: nn.Module = torch.export.load(file).module()
+        program = torch.export.load(file)
+        if device is not None and device.type != "cpu":
+            # Export fixes the device of what the graph makes itself (torch.ones(..., device=...)) as the one it
+            # was exported on (pytorch#151010); moving the parameters alone leaves those on the CPU.
+            from torch.export.passes import move_to_device_pass
+
+            program = move_to_device_pass(program, device)
+        exported: nn.Module = program.module()
         return exported
     if config.format == "onnx":
         try:

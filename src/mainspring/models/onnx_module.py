@@ -8,10 +8,19 @@ stays a memory copy into pages and ``EvictWeights`` frees them, as for PyTorch. 
 integer initializers (shapes, axes, indices) stay in the graph: operators read them as
 constants while planning. The session is made on the first run, on the device the buffers
 are on (CUDA or CPU execution provider), with the exec lane's thread count.
+
+On CUDA, ONNX Runtime runs on a stream of its own and does not wait for the torch stream that
+wrote the bound inputs (``Run`` with an IOBinding does not synchronize them): each run waits for
+the current (exec) stream first. A session that asked for the CUDA provider and got the CPU one
+(onnxruntime lists CUDA when its libraries then fail to load, and the CPU package installed beside
+``onnxruntime-gpu`` hides it) is refused, not served silently on the CPU. Its memory arena grows
+only as far as it needs (``kSameAsRequested``) and at most ``ARENA_LIMIT_BYTES``: it lives outside
+the page pool.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +34,9 @@ from mainspring.models.repository import ModelLoadError
 
 # Floating initializers of at least this many elements become paged inputs.
 PAGED_MIN_ELEMENTS = 16
+# A CUDA session's arena (activations, workspaces: the weights are in the page pool) at most this large.
+ARENA_LIMIT_BYTES = 2 * 1024**3
+CUDA_PROVIDER = "CUDAExecutionProvider"
 _FLOAT_TYPES = {1, 10, 11}  # ONNX TensorProto FLOAT, FLOAT16, DOUBLE
 
 
@@ -86,11 +98,22 @@ class OnnxModule(nn.Module):
             options.log_severity_level = 3  # warnings about unused initializers would flood the worker log
             providers: list[Any] = ["CPUExecutionProvider"]
             if device.type == "cuda":
-                if "CUDAExecutionProvider" not in ort.get_available_providers():
-                    raise RuntimeError("ONNX on a CUDA device needs the onnxruntime-gpu package (no CUDA provider)")
-                providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))
-            self._session = ort.InferenceSession(self._graph, options, providers=providers)
-            self._session_device = device
+                if CUDA_PROVIDER not in ort.get_available_providers():
+                    raise RuntimeError(f"ONNX on a CUDA device needs the onnxruntime-gpu package: {_GPU_PACKAGE}")
+                providers.insert(0, (CUDA_PROVIDER, {
+                    "device_id": device.index or 0, "gpu_mem_limit": ARENA_LIMIT_BYTES,
+                    "arena_extend_strategy": "kSameAsRequested",
+                }))  # fmt: skip
+            with warnings.catch_warnings(record=True) as said:  # a provider it cannot use is a warning there
+                warnings.simplefilter("always")
+                session = ort.InferenceSession(self._graph, options, providers=providers)
+            if device.type == "cuda" and CUDA_PROVIDER not in session.get_providers():
+                told = "; ".join(str(w.message) for w in said)
+                raise RuntimeError(
+                    f"ONNX Runtime did not take the CUDA provider for {device} and would run on the CPU "
+                    f"({told or 'its CUDA libraries did not load'}): {_GPU_PACKAGE}"
+                )
+            self._session, self._session_device = session, device
         return self._session
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -105,9 +128,16 @@ class OnnxModule(nn.Module):
             binding.bind_input(name, kind, index, _NUMPY[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
         for name in self.output_names:
             binding.bind_output(name, kind, index)
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()  # the inputs' writes are done before ORT reads them
         session.run_with_iobinding(binding)
         return tuple(torch.from_numpy(array).to(device) for array in binding.copy_outputs_to_cpu())
 
+
+_GPU_PACKAGE = (
+    "pip install 'mainspring[onnx-gpu]' (onnxruntime-gpu, with the CUDA and cuDNN libraries it names), and "
+    "uninstall onnxruntime, the CPU package, which hides the CUDA provider when both are installed"
+)
 
 _NUMPY: dict[torch.dtype, type] = {
     torch.float32: np.float32,

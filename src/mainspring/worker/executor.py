@@ -3,10 +3,15 @@
 The lane waits for an action's window to open, refuses it without running when the
 window has closed (``TOO_LATE``) or opens too far ahead (``TOO_EARLY``), and otherwise
 hands it to the runtime. Every action submitted gets exactly one result.
+
+Work that belongs to no action (capturing a loaded model's CUDA graphs) is given with
+``when_idle``: it runs, a piece at a time, only while no action's window is open, so an
+action waits for at most one piece of it.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
@@ -43,6 +48,7 @@ class Lane:
         self._max_wait_ns = max_wait_ns
         self._on_thread_start = on_thread_start
         self._queue: list[tuple[int, int, Action, Any]] = []
+        self._idle_work: collections.deque[Callable[[], None]] = collections.deque()
         self._seq = itertools.count()
         self._wakeup = threading.Condition()
         self._closed = False
@@ -56,6 +62,12 @@ class Lane:
             heapq.heappush(self._queue, (action.earliest_ns, next(self._seq), action, payload))
             self._wakeup.notify()
 
+    def when_idle(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on this lane's thread once no action is due (after the idle work given before it)."""
+        with self._wakeup:
+            self._idle_work.append(work)
+            self._wakeup.notify()
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop after the running action; queued ones are answered with an error."""
         with self._wakeup:
@@ -63,13 +75,16 @@ class Lane:
             self._wakeup.notify()
         self._thread.join(timeout_s)
 
-    def _next(self) -> tuple[Action, Any, ActionResult | None] | None:
-        """The next action to run (with no result), or one to refuse (with its result); None when closed."""
+    def _next(self) -> tuple[Action, Any, ActionResult | None] | Callable[[], None] | None:
+        """The next action to run (with no result), or one to refuse (with its result), or idle work when no
+        action is due; None when closed."""
         with self._wakeup:
             while True:
                 if self._closed:
                     return None
                 if not self._queue:
+                    if self._idle_work:
+                        return self._idle_work.popleft()
                     self._wakeup.wait()
                     continue
                 earliest, _, action, payload = self._queue[0]
@@ -79,6 +94,8 @@ class Lane:
                     heapq.heappop(self._queue)
                     return action, payload, refusal
                 if earliest > now:
+                    if self._idle_work:
+                        return self._idle_work.popleft()
                     self._wakeup.wait((earliest - now) / NS_PER_S)
                     continue
                 heapq.heappop(self._queue)
@@ -88,6 +105,12 @@ class Lane:
         if self._on_thread_start is not None:
             self._on_thread_start()
         while (item := self._next()) is not None:
+            if callable(item):
+                try:
+                    item()
+                except Exception:  # idle work answers nobody: its failure is only logged
+                    log.exception("lane %s: idle work failed", self.name)
+                continue
             action, payload, result = item
             if result is None:
                 try:

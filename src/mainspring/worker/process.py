@@ -10,8 +10,9 @@ When the controller says bye or falls silent, a worker that may ``rejoin`` lets 
 flight finish (their results are dropped: the next controller never sent them), then says hello
 again on a new socket, listing the models each device still holds, so a restarted controller
 picks up where the weights are instead of loading everything again. ``serve`` returns
-``START_OVER`` instead when the controller asks for a fresh process (a lane hung) or the actions
-in flight do not finish (``mainspring worker`` then re-executes itself).
+``START_OVER`` instead when the controller asks for a fresh process (a lane hung), the actions
+in flight do not finish, or a device's CUDA context is lost (``start_over``; ``mainspring worker``
+then re-executes itself, or exits to be started again by its parent).
 """
 
 from __future__ import annotations
@@ -75,13 +76,17 @@ class WorkerConnection:
         self._outgoing: queue.SimpleQueue[Outgoing] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
+        self._pipe_closed = False
         self._stop = threading.Event()
+        self._starting_over = False
         self._in_flight: set[int] = set()  # action ids submitted and not yet reported
         self._in_flight_lock = threading.Lock()
         self.worker = make_worker(self._on_result)
 
     def _send_later(self, message: Message, samples: list[Any] | None = None) -> None:
         self._outgoing.put((message, samples))
+        if self._pipe_closed:  # serve has returned: nobody to wake (and the number may be another file's now)
+            return
         with contextlib.suppress(BlockingIOError):  # a full pipe: the I/O thread is awake anyway
             os.write(self._wake_write, b"x")
 
@@ -101,6 +106,13 @@ class WorkerConnection:
         self._stop.set()
         self._send_later(Bye())
 
+    def start_over(self, reason: str) -> None:
+        """This process cannot serve any more (a device's CUDA context is lost): send the results already
+        queued, stop, and have ``serve`` return ``START_OVER`` so that a fresh process takes over."""
+        log.critical("worker %s starts over in a fresh process: %s", self.name, reason)
+        self._starting_over = True
+        self.stop()
+
     def serve(
         self, parent_pid: int | None = None, controller_timeout_s: float | None = None, rejoin: bool = False
     ) -> str:
@@ -110,6 +122,8 @@ class WorkerConnection:
         try:
             while True:
                 outcome = self._session(parent_pid, controller_timeout_s)
+                if self._starting_over:
+                    return START_OVER
                 if outcome != CONTROLLER_GONE or not rejoin:
                     return outcome
                 if not self._drain(DRAIN_TIMEOUT_S):
@@ -118,6 +132,7 @@ class WorkerConnection:
                 log.info("rejoining %s with the weights held now", self.address)
         finally:
             self.worker.close()
+            self._pipe_closed = True
             os.close(self._wake_read)
             os.close(self._wake_write)
 
@@ -178,14 +193,7 @@ class WorkerConnection:
                     warn_at = float("inf")
                 if self._wake_read in events:
                     os.read(self._wake_read, 4096)
-                while True:
-                    try:
-                        message, samples = self._outgoing.get_nowait()
-                    except queue.Empty:
-                        break
-                    if isinstance(message, Bye):
-                        continue
-                    sock.send_multipart(encode(message, samples), copy=False)
+                self._send_outgoing(sock)
                 while sock.poll(0, zmq.POLLIN):
                     if heard is None:
                         log.info("worker %s: the controller at %s answered", self.name, self.address)
@@ -193,9 +201,20 @@ class WorkerConnection:
                     said_bye = self._handle(sock, sock.recv_multipart(copy=True))
                     if said_bye is not None:
                         return said_bye
+            if outcome == STOPPED:  # what finished before the stop still goes out (the socket lingers 1 s)
+                self._send_outgoing(sock)
         finally:
             sock.close()
         return outcome
+
+    def _send_outgoing(self, sock: zmq.Socket[bytes]) -> None:
+        while True:
+            try:
+                message, samples = self._outgoing.get_nowait()
+            except queue.Empty:
+                return
+            if not isinstance(message, Bye):  # a wake-up only: the controller hears of a stop by the silence
+                sock.send_multipart(encode(message, samples), copy=False)
 
     def _hello(self) -> Hello:
         models = [model_info(self.worker, m) for m in self.worker.profiles()]

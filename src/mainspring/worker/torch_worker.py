@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import msgspec
@@ -96,7 +96,10 @@ class TorchWorker:
         settings: ExecSettings | None = None,
         clock: Clock | None = None,
         use_stored_profiles: bool = True,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_lost``: told (once, after the result that says so) when a device's CUDA context is lost, which
+        only a new process recovers from."""
         self.repo = repo
         self.settings = settings or ExecSettings()
         self.use_stored_profiles = use_stored_profiles
@@ -109,7 +112,7 @@ class TorchWorker:
             target = torch_device(name)
             pool = pool_bytes if pool_bytes is not None else default_pool_bytes(target)
             spec = DeviceSpec(index, device_kind(target), pool, page_bytes)
-            self._devices.append(TorchDevice(spec, target, self._clock, on_result, self.settings))
+            self._devices.append(TorchDevice(spec, target, self._clock, on_result, self.settings, on_lost))
         kinds = {d.spec.kind for d in self._devices}
         if len(kinds) > 1:
             raise ValueError(f"one worker serves one device kind, got {sorted(kinds)}")
@@ -148,17 +151,21 @@ class TorchWorker:
         with self._lock, switching_often():  # the exec lane keeps serving the models already here
             if key in self._models:
                 raise ModelLoadError(f"model {key!r} is already registered")
-            config, module = load_module(self.repo, model, version)
+            config, module = load_module(self.repo, model, version, self._devices[0].device)
             if key != model:
                 config = msgspec.structs.replace(config, name=key)
             first = self._devices[0]
-            host = HostModel.from_tensors(
-                config, state_tensors(module), first.spec.page_bytes, first.device.type == "cuda"
-            )
+            try:
+                host = HostModel.from_tensors(
+                    config, state_tensors(module), first.spec.page_bytes, first.device.type == "cuda"
+                )
+            except RuntimeError as error:  # pinned host memory is limited (locked pages): refuse this model alone
+                reason = f"cannot hold its weights in pinned host memory: {error}"
+                raise ModelLoadError(f"model {model!r}: {reason}") from None
             timings: dict[int, list[int]] = {}
             try:
                 for index, device in enumerate(self._devices):
-                    module_here = module if index == 0 else load_module(self.repo, model, version)[1]
+                    module_here = module if index == 0 else load_module(self.repo, model, version, device.device)[1]
                     timings = device.add(host, module_here)
             except Exception as error:  # whatever the model raises (torch.export's guards: AssertionError)
                 for device in self._devices:

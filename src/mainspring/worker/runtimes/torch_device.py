@@ -7,11 +7,22 @@ parameters at those page views, so inference reads the weights from the pages an
 other copy is made. ``EvictWeights`` returns the pages. Each load is a new
 ``Residency``; an inference that finds a different one when it ends (its model was
 evicted or reloaded meanwhile) reports an error instead of outputs that may be wrong.
+
+On CUDA a load's CUDA graphs (one per batch size) are captured after its result is out, a batch
+size at a time while the load lane has nothing due (``Lane.when_idle``): a load takes what its
+profile predicts (a copy), and the model runs eagerly until its graphs are in. Each capture has
+a stream of its own and every graph of the device draws from one shared memory pool (replays are
+serial on the exec stream, so graphs may share scratch memory). A batch size that fails to
+capture is not tried again at later loads. Warm-up runs on a stream of its own, never between
+the exec lane's timed inferences. A CUDA error that poisons the context (a device-side assert,
+an illegal address) cannot be recovered in the process: the device refuses all work from then
+on and ``on_lost`` is told, so that the worker process starts over.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +50,7 @@ from mainspring.protocol.tensors import Sample, numpy_dtype, shape_matches
 from mainspring.time import Clock
 from mainspring.worker.executor import Lane, ResultSink
 from mainspring.worker.pages import PagePool
+from mainspring.worker.runtimes.cuda_graphs import GraphCapture, is_sticky_cuda_error
 from mainspring.worker.runtimes.input_buffers import SharedInputs, new_buffers
 
 log = logging.getLogger(__name__)
@@ -72,15 +84,33 @@ class HostModel:
         cls, config: ModelConfig, tensors: Mapping[str, torch.Tensor], page_bytes: int, pin: bool
     ) -> HostModel:
         names = tuple(tensors)
-        host = tuple(t.detach().contiguous() for t in tensors.values())
-        if pin:
-            host = tuple(t.pin_memory() for t in host)
+        host = tuple(t.detach().cpu().contiguous() for t in tensors.values())
         sizes = tuple(aligned_bytes(t.numel() * t.element_size()) for t in host)
+        if pin:
+            host = _pinned_together(host, sizes)
         return cls(config, names, host, sizes, pack_first_fit_decreasing(sizes, page_bytes))
 
     @property
     def weights_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host)
+
+
+def _pinned_together(host: tuple[torch.Tensor, ...], sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """``host`` copied into one pinned buffer (views of it): the pinned allocator rounds each allocation up to
+    a power of two (pytorch#171662), which pinned tensor by tensor could take twice the weights' memory."""
+    buffer = pinned_buffer(sum(sizes))
+    views, offset = [], 0
+    for tensor, size in zip(host, sizes, strict=True):
+        nbytes = tensor.numel() * tensor.element_size()
+        view = buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
+        view.copy_(tensor)
+        views.append(view)
+        offset += size
+    return tuple(views)
+
+
+def pinned_buffer(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
 @dataclass
@@ -112,6 +142,7 @@ class TorchDevice:
         clock: Clock,
         sink: ResultSink,
         settings: ExecSettings,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.spec = spec
         self.device = torch_device
@@ -127,9 +158,14 @@ class TorchDevice:
         self._served: set[str] = set()  # models that have answered some input here: a failure is then the input's
         self._exec_stream = _stream(torch_device) if self._cuda else None
         self._load_stream = _stream(torch_device) if self._cuda else None
+        self._warmup_stream = _stream(torch_device) if self._cuda else None
+        self.graphs = GraphCapture(torch_device)
+        self.lost = ""  # why the CUDA context is unusable, once it is
+        self._sink = sink
+        self._on_lost = on_lost
         pin = _pin_to_core(settings.pin_core) if settings.pin_core is not None else None
-        self._exec_lane = Lane(f"exec-{spec.device}", clock, self._run_exec, sink, on_thread_start=pin)
-        self._load_lane = Lane(f"load-{spec.device}", clock, self._run_load, sink)
+        self._exec_lane = Lane(f"exec-{spec.device}", clock, self._run_exec, self._deliver, on_thread_start=pin)
+        self._load_lane = Lane(f"load-{spec.device}", clock, self._run_load, self._deliver)
 
     @property
     def resident_models(self) -> frozenset[str]:
@@ -142,6 +178,14 @@ class TorchDevice:
     def close(self) -> None:
         self._exec_lane.close()
         self._load_lane.close()
+
+    def _deliver(self, result: ActionResult) -> None:
+        """The lanes' results go out; then, once the context is lost, the worker is told (after the result that
+        says so, which must reach the controller first)."""
+        self._sink(result)
+        if self.lost and self._on_lost is not None:
+            on_lost, self._on_lost = self._on_lost, None
+            on_lost(self.lost)
 
     # -- registration -----------------------------------------------------------------------------------------
 
@@ -170,6 +214,7 @@ class TorchDevice:
             self._bind(binding, [torch.empty(0, dtype=p.dtype, device=p.device) for p in binding.params])
         self._resident.pop(model, None)
         self._served.discard(model)
+        self.graphs.forget(model)
         self.pool.release(model)
 
     def _warm_up(self, binding: _Binding, batch: int) -> list[int]:
@@ -181,9 +226,9 @@ class TorchDevice:
         durations = []
         for _ in range(max(1, self.settings.warmup_runs) + 1):
             begin = self._clock.now_ns()
-            outputs = self._forward(binding, None, batch, samples)
-            self._to_host(outputs)
-            self._synchronize()
+            outputs = self._forward(binding, None, batch, samples, self._warmup_stream)
+            self._to_host(outputs, self._warmup_stream)
+            self._synchronize(self._warmup_stream)
             durations.append(self._clock.now_ns() - begin)
         _check_outputs(binding.model.config, outputs, batch)
         return durations[1:]
@@ -191,6 +236,8 @@ class TorchDevice:
     # -- the lanes ----------------------------------------------------------------------------------------------
 
     def _run_load(self, action: Action, _: object) -> ActionResult:
+        if self.lost:
+            return self._refuse(action, ActionStatus.ERROR, self.lost)
         if isinstance(action, EvictWeights):
             return self._evict(action)
         assert isinstance(action, LoadWeights)
@@ -208,13 +255,14 @@ class TorchDevice:
             views = self._views(binding.model, self.pool.page_numbers(action.model))
             self._copy(views, binding.model.host)
             self._bind(binding, views)
-            residency = Residency(views)
-            if self._cuda and self.settings.cuda_graphs and getattr(binding.module, "cuda_graphs", True):
-                self._capture_graphs(binding, residency)
-            return residency
+            return Residency(views)
 
         timing, residency = self._timed(self._load_stream, load)
         self._resident[action.model] = residency
+        if self._cuda and self.settings.cuda_graphs and getattr(binding.module, "cuda_graphs", True):
+            for batch in binding.inputs:  # after the result, while the lane has nothing due: not the load's time
+                if self.graphs.wanted(action.model, batch):
+                    self._load_lane.when_idle(functools.partial(self._capture_graph, binding, residency, batch))
         return ActionResult(action.action_id, action.device, ActionStatus.OK, timing)
 
     def _evict(self, action: EvictWeights) -> ActionResult:
@@ -227,6 +275,8 @@ class TorchDevice:
 
     def _run_exec(self, action: Action, samples: Sequence[Sample] | None) -> ActionResult:
         assert isinstance(action, Infer)
+        if self.lost:
+            return self._refuse(action, ActionStatus.ERROR, self.lost)
         binding = self._bindings.get(action.model)
         if binding is None:
             return self._refuse(action, ActionStatus.ERROR, f"model {action.model!r} is not registered on this worker")
@@ -244,6 +294,8 @@ class TorchDevice:
         try:
             timing, arrays = self._timed(self._exec_stream, infer)
         except Exception as error:  # an input the model cannot take, or a model that fails on every input
+            if is_sticky_cuda_error(error):  # nothing runs in this process any more: not even each request alone
+                return self._lose_context(action, error)
             return self._isolate(action, binding, residency, samples, error)
         if self._resident.get(action.model) is not residency:
             return self._discarded(action, timing)
@@ -297,6 +349,15 @@ class TorchDevice:
             action.action_id, action.device, ActionStatus.OK, timing, message, outputs, failed, tuple(unchecked)
         )
 
+    def _lose_context(self, action: Infer, error: Exception) -> ActionResult:
+        """The batch that poisoned the context fails whole (which request did cannot be learnt here any
+        more); every later action is refused, and the worker is told once this result is out."""
+        cause = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+        self.lost = (f"the CUDA context of {self.device} is lost ({cause}); the worker starts over. An input "
+                     "outside a model's range is the usual cause: declare valid_range in its config")  # fmt: skip
+        log.critical("%s, in a batch of %s", self.lost, action.model)
+        return self._refuse(action, ActionStatus.ERROR, self.lost)
+
     @staticmethod
     def _discarded(action: Infer, timing: Timing) -> ActionResult:
         message = f"weights of {action.model} were evicted or reloaded during the inference; outputs discarded"
@@ -305,10 +366,16 @@ class TorchDevice:
     # -- the work -------------------------------------------------------------------------------------------------
 
     def _forward(
-        self, binding: _Binding, residency: Residency | None, batch: int, samples: Sequence[Sample] = ()
+        self,
+        binding: _Binding,
+        residency: Residency | None,
+        batch: int,
+        samples: Sequence[Sample] = (),
+        stream: torch.cuda.Stream | None = None,
     ) -> tuple[torch.Tensor, ...]:
+        """Copy ``samples`` into the batch's input buffers and run it, on ``stream`` (default: the exec stream)."""
         buffers = binding.inputs[batch]
-        with self._inference(), _on(self._exec_stream):
+        with self._inference(), _on(stream or self._exec_stream):
             for i, sample in enumerate(samples):
                 for spec, buffer in zip(binding.model.config.inputs, buffers, strict=True):
                     buffer[i : i + 1].copy_(torch.from_numpy(sample[spec.name]), non_blocking=self._cuda)
@@ -323,9 +390,11 @@ class TorchDevice:
                 return graph[1]
             return _as_tuple(binding.module(*buffers))
 
-    def _to_host(self, outputs: tuple[torch.Tensor, ...]) -> list[np.ndarray[Any, Any]]:
-        """Copy outputs to host memory on the exec stream (after the kernels that wrote them)."""
-        with _on(self._exec_stream):
+    def _to_host(
+        self, outputs: tuple[torch.Tensor, ...], stream: torch.cuda.Stream | None = None
+    ) -> list[np.ndarray[Any, Any]]:
+        """Copy outputs to host memory on ``stream`` (default: the exec stream), after the kernels that wrote them."""
+        with _on(stream or self._exec_stream):
             return [o.cpu().numpy() for o in outputs]
 
     def _views(self, model: HostModel, pages: list[int]) -> tuple[torch.Tensor, ...]:
@@ -351,21 +420,20 @@ class TorchDevice:
             for param, tensor in zip(binding.params, tensors, strict=True):
                 param.data = tensor
 
-    def _capture_graphs(self, binding: _Binding, residency: Residency) -> None:
-        """Capture each batch size as a CUDA graph on the fresh page views; eager where the model does not allow it."""
-        for batch, buffers in binding.inputs.items():
-            try:
-                graph = torch.cuda.CUDAGraph()
-                with torch.inference_mode(), torch.cuda.stream(self._load_stream):
-                    # First a run outside the graph (lazy initialisation), on zeros of its own: the shared
-                    # buffers hold whatever the exec lane is running meanwhile, perhaps another model's.
-                    _as_tuple(binding.module(*new_buffers(binding.model.config, batch, self.device)))
-                    # thread_local: the exec lane keeps running other models' kernels during the capture
-                    with torch.cuda.graph(graph, stream=self._load_stream, capture_error_mode="thread_local"):
-                        outputs = _as_tuple(binding.module(*buffers))
-                residency.graphs[batch] = (graph, outputs)
-            except RuntimeError as error:
-                log.info("model %s batch %d runs eagerly: no CUDA graph (%s)", binding.model.config.name, batch, error)
+    def _capture_graph(self, binding: _Binding, residency: Residency, batch: int) -> None:
+        """Capture one batch size of a load as a CUDA graph (on the load lane, when idle; ``GraphCapture``)."""
+        config = binding.model.config
+        if self._resident.get(config.name) is not residency or self.lost:  # evicted or reloaded since
+            return
+        zeros = new_buffers(config, batch, self.device)  # the shared buffers may hold another model's inputs now
+        try:
+            graph = self.graphs.capture(config.name, batch, binding.module, zeros, binding.inputs[batch], _as_tuple)
+        except RuntimeError as error:  # sticky: the context is gone
+            self.lost = f"the CUDA context of {self.device} is lost ({type(error).__name__}: {error})"
+            log.critical("%s, capturing %s", self.lost, config.name)
+            return
+        if graph is not None and self._resident.get(config.name) is residency:
+            residency.graphs[batch] = graph
 
     def _timed(self, stream: torch.cuda.Stream | None, work: Callable[[], _T]) -> tuple[Timing, _T]:
         """Run ``work``; on CUDA its duration comes from events on ``stream``, not from host timers."""

@@ -225,3 +225,25 @@ def test_dropped_clients_are_logged_at_most_once_per_interval_with_what_came_bet
     assert len(lines) == 2, lines
     assert lines[0].startswith("1 http client(s) hung up mid-request")
     assert "1 grpc client(s) hung up" in lines[1] and "50 http client(s) sent no complete headers" in lines[1]
+
+
+def test_a_connection_that_never_sends_a_byte_is_cut_off_by_the_header_timeout() -> None:
+    async def test(service: ControllerService, port: int) -> None:
+        answer, closed_s = await asyncio.to_thread(slowly, port, b"", b"")
+        assert answer.startswith(b"HTTP/1.1 408") and closed_s < 1 + 8, (answer, closed_s)
+        assert disconnects(service) == {"header_timeout": 1}
+
+    with_http(test, header_timeout_s=1.0, idle_timeout_s=30.0)
+
+
+def test_the_rest_of_a_refused_body_is_not_taken_for_slow_headers() -> None:
+    """Answered 413 before its body was read, aiohttp reads the rest for a while: those bytes arriving slowly
+    must not start the header timeout (a second answer, a 408, on the same connection)."""
+
+    async def test(service: ControllerService, port: int) -> None:
+        first = INFER + b"Content-Length: 6000\r\n\r\n" + b" " * 2000
+        answer, _ = await asyncio.to_thread(slowly, port, first, b" " * 40)  # 4 s of trickle after the 413
+        assert answer.startswith(b"HTTP/1.1 413") and answer.count(b"HTTP/1.1") == 1, answer
+        assert "header_timeout" not in disconnects(service)
+
+    with_http(test, header_timeout_s=1.0, max_body_bytes=1024)

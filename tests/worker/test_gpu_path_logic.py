@@ -90,7 +90,7 @@ def test_a_failed_capture_is_logged_once_and_not_tried_again_until_the_model_reg
         attempts.append(1)
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    capture = GraphCapture(torch.device("cpu"), new_graph=failing_graph)
+    capture = GraphCapture(torch.device("cpu"), None, new_graph=failing_graph)
     with caplog.at_level(logging.WARNING):
         assert capture.wanted("m", 4)
         assert capture.capture("m", 4, nn.Identity(), (), (), tuple) is None
@@ -105,7 +105,7 @@ def test_a_failed_capture_is_logged_once_and_not_tried_again_until_the_model_reg
         raise RuntimeError(ASSERT)
 
     with pytest.raises(RuntimeError, match="device-side assert"):  # not remembered: the context is gone
-        GraphCapture(torch.device("cpu"), new_graph=poisoned).capture("m", 4, nn.Identity(), (), (), tuple)
+        GraphCapture(torch.device("cpu"), None, new_graph=poisoned).capture("m", 4, nn.Identity(), (), (), tuple)
 
 
 def test_idle_work_runs_only_while_no_action_is_due(results: Results) -> None:

@@ -19,6 +19,7 @@ import zmq
 import zmq.asyncio
 
 from mainspring.controller.service import ControllerService, ServiceError
+from mainspring.frontend.connections import CAUSES
 from mainspring.models.repository import ModelLoadError
 from mainspring.protocol import Outcome
 from mainspring.protocol.models import ModelInfo
@@ -142,7 +143,8 @@ class FrontendHub:
                 self._spawn(self._ask(key, message))
             elif isinstance(message, Dropped):
                 for transport, cause, count in message.counts:
-                    self.service.count_dropped_client(transport, cause, self._frontends.get(key, "?"), count)
+                    if transport in ("http", "grpc") and cause in CAUSES and count > 0:  # a counter only goes up
+                        self.service.count_dropped_client(transport, cause, self._frontends.get(key, "?"), count)
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)

@@ -5,9 +5,12 @@ waits for a request, but not how long one request's headers may take once they h
 how many connections are open. A client that sends a byte every 100 ms, or opens connections and
 says nothing, would hold a file descriptor each for as long as it liked. ``GuardedSite`` listens
 in front of aiohttp's handler: past ``max_connections`` a new connection is answered 503 and
-closed; a request whose headers are not all in within ``header_timeout_s`` of its first byte is
-answered 408 and closed. The body's bound (``body_timeout_s``) is the handler's (``http.py``);
-the idle bound is aiohttp's keep-alive timer, set to ``idle_timeout_s``.
+closed; a request whose headers are not all in within ``header_timeout_s`` of its first byte (of
+the connection's opening, for its first request) is answered 408 and closed. The body's bound
+(``body_timeout_s``) is the handler's (``http.py``); the idle bound between requests is aiohttp's
+keep-alive timer, set to ``idle_timeout_s``. After an answer given before its body was read (a
+401, a 413), aiohttp reads the rest for up to 10 s (its lingering close): no header timer runs
+then, or the body's bytes would start one.
 
 Clients that are cut off, and those that hang up mid-request, are counted by cause
 (``mainspring_client_disconnects_total``) and logged one line at a time at most every
@@ -17,8 +20,10 @@ Clients that are cut off, and those that hang up mid-request, are counted by cau
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import resource
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -93,15 +98,15 @@ class _Watched(asyncio.Protocol):
             return
         guard.open[transport] = self
         self._handler.connection_made(transport)
+        self._start_timer()  # a client that connects and never sends a byte is held no longer
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
         if self._answered_for_good:
             return  # the rest of a body refused for being slow (the connection is closing)
-        if self._between_requests and self._headers_due is None:
-            timeout = self._guard.limits.header_timeout_s
-            self._headers_due = asyncio.get_running_loop().call_later(timeout, self._headers_late)
+        if self._between_requests:
+            self._start_timer()
         self._handler.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -126,8 +131,10 @@ class _Watched(asyncio.Protocol):
         self._stop_timer()
         self._between_requests = False
 
-    def request_finished(self) -> None:
-        self._between_requests = True
+    def request_finished(self, body_read: bool) -> None:
+        """The handler answered; ``body_read``: all of the request's body was read (else aiohttp reads the rest
+        for up to 10 s, and those bytes are not a next request's headers)."""
+        self._between_requests = body_read
         if self._answered_for_good and self._transport is not None:
             # Soon: once aiohttp has written the answer (it does without yielding), not after its lingering
             # close, which would read on for 10 s at the client's pace. close() sends what is written first.
@@ -136,6 +143,11 @@ class _Watched(asyncio.Protocol):
     def close_after_answer(self) -> None:
         """The request was refused for a body too slow: close once the answer is out, reading no more of it."""
         self._answered_for_good = True
+
+    def _start_timer(self) -> None:
+        if self._headers_due is None:
+            timeout = self._guard.limits.header_timeout_s
+            self._headers_due = asyncio.get_running_loop().call_later(timeout, self._headers_late)
 
     def _stop_timer(self) -> None:
         if self._headers_due is not None:
@@ -166,6 +178,22 @@ class ConnectionGuard:
     def connection(self, transport: asyncio.BaseTransport | None) -> _Watched | None:
         """The watched connection a request came on (None: a site that does not watch)."""
         return None if transport is None else self.open.get(transport)
+
+
+def ensure_descriptors(connections: int, headroom: int = 256) -> None:
+    """Raise this process's soft limit on open files to fit ``connections`` and ``headroom`` (workers' sockets,
+    gRPC's, files), up to the hard limit; warn if that is not enough: past the limit asyncio stops accepting."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + headroom
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        if soft < wanted:
+            log.warning("max_connections=%d and %d more open files need %d descriptors; this process may open %d "
+                        "(ulimit -n): lower max_connections or raise the limit",
+                        connections, headroom, wanted, soft)  # fmt: skip
 
 
 class GuardedSite(web.TCPSite):

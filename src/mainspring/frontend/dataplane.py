@@ -340,10 +340,10 @@ def requested_slo_ns(parameters: Mapping[str, Any]) -> int | None:
 def _duration_ns(key: str, value: Any, unit: int) -> int:
     """A positive duration parameter of at most a day in ``unit`` ns, as ns; the range is checked before
     the conversion, which a value such as 1e308 would overflow."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or math.isinf(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:  # NaN too
         raise InferenceError(400, f"parameter {key!r} must be a positive number, got {value!r}"[:300])
     most = MAX_SLO_MS * NS_PER_MS // unit
-    if value > most:
+    if value > most:  # infinity, and an integer too large for a float (math.isinf would overflow on it)
         raise InferenceError(400, f"parameter {key!r} must be at most {most} (one day), got {value!r}"[:300])
     return max(1, round(value * unit))  # a positive SLO under 1 ns is one that cannot be met, not none
 

@@ -295,8 +295,8 @@ def channel_options(limits: RequestLimits, share_port: bool) -> list[tuple[str, 
     and refused alone (RESOURCE_EXHAUSTED; a stream goes on); gRPC ends the call of a larger one, with the
     same code. Connections: the HTTP frontend's header, idle and age bounds in gRPC's terms."""
 
-    def ms(seconds: float) -> int:
-        return min(round(seconds * 1000), 2**31 - 1)
+    def ms(seconds: float) -> int:  # 0 would turn a bound off (or ping without pause)
+        return max(1, min(round(seconds * 1000), 2**31 - 1))
 
     return [
         ("grpc.max_receive_message_length", min(2 * limits.max_body_bytes, 2**31 - 1)),

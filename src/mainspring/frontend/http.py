@@ -16,7 +16,7 @@ import msgspec
 from aiohttp import web
 
 from mainspring.frontend.access import UNAUTHORIZED, http_scope
-from mainspring.frontend.connections import ConnectionGuard, GuardedSite
+from mainspring.frontend.connections import ConnectionGuard, GuardedSite, ensure_descriptors
 from mainspring.frontend.dashboard import page as dashboard_page
 from mainspring.frontend.dashboard import timeline_seconds
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
@@ -43,7 +43,7 @@ async def _watch(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     finally:
         if connection is not None:
-            connection.request_finished()
+            connection.request_finished(body_read=request.content.is_eof())
 
 
 @web.middleware
@@ -342,6 +342,7 @@ def make_app(plane: DataPlane) -> web.Application:
 async def start_http(plane: DataPlane, host: str, port: int, reuse_port: bool | None = None) -> web.AppRunner:
     """Serve ``plane`` over HTTP on ``host:port`` with its connection limits; returns the started runner."""
     app = make_app(plane)
+    ensure_descriptors(plane.limits.max_connections)
     # shutdown_timeout: requests were answered by the drain; idle connections must not hold a stop for 60 s.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, keepalive_timeout=plane.limits.idle_timeout_s)
     await runner.setup()

@@ -79,8 +79,11 @@ class RemoteController:
         await asyncio.wait_for(self._joined.wait(), timeout_s)
 
     async def close(self) -> None:
-        if self._dropped_due is not None:
+        if self._dropped_due is not None:  # what is counted still goes to the controller
             self._dropped_due.cancel()
+            self._send_dropped()
+        if self._sends:
+            await asyncio.wait(self._sends, timeout=1.0)
         if self._receiver is not None:
             self._receiver.cancel()
             with contextlib.suppress(asyncio.CancelledError):

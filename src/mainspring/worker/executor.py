@@ -5,8 +5,8 @@ window has closed (``TOO_LATE``) or opens too far ahead (``TOO_EARLY``), and oth
 hands it to the runtime. Every action submitted gets exactly one result.
 
 Work that belongs to no action (capturing a loaded model's CUDA graphs) is given with
-``when_idle``: it runs, a piece at a time, only while no action's window is open, so an
-action waits for at most one piece of it.
+``when_idle``: it runs, a piece at a time, only while no action is due within ``idle_gap_ns``,
+so an action submitted meanwhile waits for at most one piece of it.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class Lane:
         sink: ResultSink,
         max_wait_ns: int = 10 * NS_PER_S,
         on_thread_start: Callable[[], None] | None = None,
+        idle_gap_ns: int = 0,
     ) -> None:
         self.name = name
         self._clock = clock
@@ -47,6 +48,7 @@ class Lane:
         self._sink = sink
         self._max_wait_ns = max_wait_ns
         self._on_thread_start = on_thread_start
+        self._idle_gap_ns = idle_gap_ns
         self._queue: list[tuple[int, int, Action, Any]] = []
         self._idle_work: collections.deque[Callable[[], None]] = collections.deque()
         self._seq = itertools.count()
@@ -94,7 +96,7 @@ class Lane:
                     heapq.heappop(self._queue)
                     return action, payload, refusal
                 if earliest > now:
-                    if self._idle_work:
+                    if self._idle_work and earliest - now >= self._idle_gap_ns:
                         return self._idle_work.popleft()
                     self._wakeup.wait((earliest - now) / NS_PER_S)
                     continue

@@ -27,7 +27,7 @@ from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB
 from mainspring.protocol.tensors import Sample
 from mainspring.time import Clock, WallClock
 from mainspring.worker.api import ResultCallback
-from mainspring.worker.runtimes.torch_device import ExecSettings, HostModel, TorchDevice
+from mainspring.worker.runtimes.torch_device import ExecSettings, HostModel, PinningError, TorchDevice, drop_weights
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,9 @@ class TorchWorker:
                 host = HostModel.from_tensors(
                     config, state_tensors(module), first.spec.page_bytes, first.device.type == "cuda"
                 )
-            except RuntimeError as error:  # pinned host memory is limited (locked pages): refuse this model alone
-                reason = f"cannot hold its weights in pinned host memory: {error}"
+            except PinningError as error:  # page-locked host memory is limited: refuse this model alone
+                drop_weights(module)  # moved to the GPU already, perhaps
+                reason = f"cannot hold its weights in page-locked host memory: {error}"
                 raise ModelLoadError(f"model {model!r}: {reason}") from None
             timings: dict[int, list[int]] = {}
             try:

@@ -25,6 +25,8 @@ import contextlib
 import functools
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -43,6 +45,7 @@ from mainspring.protocol import (
     Infer,
     LoadWeights,
     Timing,
+    action_kind,
 )
 from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.pages import aligned_bytes, pack_first_fit_decreasing
@@ -56,6 +59,8 @@ from mainspring.worker.runtimes.input_buffers import SharedInputs, new_buffers
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+CAPTURE_GAP_NS = 50_000_000  # a capture takes milliseconds: not started when a load is due sooner than this
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,12 @@ class HostModel:
         return sum(t.numel() * t.element_size() for t in self.host)
 
 
+class PinningError(RuntimeError):
+    """Host memory for a model's weights could not be page-locked."""
+
+
 def _pinned_together(host: tuple[torch.Tensor, ...], sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
-    """``host`` copied into one pinned buffer (views of it): the pinned allocator rounds each allocation up to
-    a power of two (pytorch#171662), which pinned tensor by tensor could take twice the weights' memory."""
+    """``host`` copied into one page-locked buffer (views of it, which keep it: ``Tensor._base``)."""
     buffer = pinned_buffer(sum(sizes))
     views, offset = [], 0
     for tensor, size in zip(host, sizes, strict=True):
@@ -110,7 +118,25 @@ def _pinned_together(host: tuple[torch.Tensor, ...], sizes: tuple[int, ...]) -> 
 
 
 def pinned_buffer(nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    """``nbytes`` of ordinary host memory registered with CUDA (page-locked) as they are, unregistered when the
+    buffer goes. Not ``pin_memory``: its allocator rounds each allocation up to a power of two (pytorch#171662),
+    up to twice the weights, and keeps what is freed."""
+    buffer = torch.empty(max(1, nbytes), dtype=torch.uint8)
+    cudart: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    pointer = buffer.data_ptr()
+    status = cudart.cudaHostRegister(pointer, buffer.numel(), 0)
+    if status != cudart.cudaError.success:
+        raise PinningError(f"cudaHostRegister of {nbytes} bytes failed ({status})")
+    weakref.finalize(buffer, cudart.cudaHostUnregister, pointer)
+    return buffer
+
+
+def drop_weights(module: nn.Module) -> None:
+    """Let go of ``module``'s weights now: an exported module's reference cycles would hold them until a full
+    cycle collection, which may not come for a long time (on a GPU: its memory)."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
 @dataclass
@@ -159,13 +185,16 @@ class TorchDevice:
         self._exec_stream = _stream(torch_device) if self._cuda else None
         self._load_stream = _stream(torch_device) if self._cuda else None
         self._warmup_stream = _stream(torch_device) if self._cuda else None
-        self.graphs = GraphCapture(torch_device)
+        self.graphs = GraphCapture(torch_device, _stream(torch_device) if self._cuda else None)
         self.lost = ""  # why the CUDA context is unusable, once it is
+        self._lost_by: int | None = None  # the action whose result says so (the worker is told after it)
+        self._lost_lock = threading.Lock()
         self._sink = sink
         self._on_lost = on_lost
         pin = _pin_to_core(settings.pin_core) if settings.pin_core is not None else None
         self._exec_lane = Lane(f"exec-{spec.device}", clock, self._run_exec, self._deliver, on_thread_start=pin)
-        self._load_lane = Lane(f"load-{spec.device}", clock, self._run_load, self._deliver)
+        # Captures run on the load lane when the next load is at least this far off (or none is queued).
+        self._load_lane = Lane(f"load-{spec.device}", clock, self._run_load, self._deliver, idle_gap_ns=CAPTURE_GAP_NS)
 
     @property
     def resident_models(self) -> frozenset[str]:
@@ -180,11 +209,31 @@ class TorchDevice:
         self._load_lane.close()
 
     def _deliver(self, result: ActionResult) -> None:
-        """The lanes' results go out; then, once the context is lost, the worker is told (after the result that
-        says so, which must reach the controller first)."""
+        """The lanes' results go out; the one that says the context is lost, before the worker is told."""
         self._sink(result)
-        if self.lost and self._on_lost is not None:
+        if self.lost and result.action_id == self._lost_by:
+            self._tell_lost()
+
+    def _lose(self, error: BaseException, where: str, action: Action | None = None) -> str:
+        """The CUDA context is poisoned (``error``, met ``where``): refuse everything from now on, and tell the
+        worker once ``action``'s result is out (at once when no action's result says so)."""
+        with self._lost_lock:
+            if not self.lost:
+                cause = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+                self.lost = (
+                    f"the CUDA context of {self.device} is lost ({cause}); the worker starts over. "
+                    "An input outside a model's range is the usual cause: declare valid_range in its config"
+                )
+                self._lost_by = None if action is None else action.action_id
+                log.critical("%s (%s)", self.lost, where)
+        if action is None:
+            self._tell_lost()
+        return self.lost
+
+    def _tell_lost(self) -> None:
+        with self._lost_lock:
             on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
             on_lost(self.lost)
 
     # -- registration -----------------------------------------------------------------------------------------
@@ -198,8 +247,13 @@ class TorchDevice:
             own = {b: new_buffers(config, b, self.device) for b in config.batch_sizes}
         binding = _Binding(model, module, params, own)
         # Warm up on temporary weights on the device: the pool is the controller's to fill.
-        self._bind(binding, tuple(h.to(self.device) for h in model.host))
-        timings = {b: self._warm_up(binding, b) for b in config.batch_sizes}
+        try:
+            self._bind(binding, tuple(h.to(self.device) for h in model.host))
+            timings = {b: self._warm_up(binding, b) for b in config.batch_sizes}
+        except Exception as error:
+            if is_sticky_cuda_error(error):
+                self._lose(error, f"registering {config.name}")
+            raise
         self._bind(binding, model.host)
         binding.inputs = self.inputs.take(config)
         self._bindings[config.name] = binding
@@ -257,7 +311,12 @@ class TorchDevice:
             self._bind(binding, views)
             return Residency(views)
 
-        timing, residency = self._timed(self._load_stream, load)
+        try:
+            timing, residency = self._timed(self._load_stream, load)
+        except Exception as error:  # the lane answers any other failure with an ERROR
+            if is_sticky_cuda_error(error):
+                return self._lose_context(action, error)
+            raise
         self._resident[action.model] = residency
         if self._cuda and self.settings.cuda_graphs and getattr(binding.module, "cuda_graphs", True):
             for batch in binding.inputs:  # after the result, while the lane has nothing due: not the load's time
@@ -335,6 +394,8 @@ class TorchDevice:
                 arrays = self._to_host(self._forward(binding, residency, min(binding.inputs), [sample]))
                 outputs[-1] = {name: np.array(array[0:1]) for name, array in zip(names, arrays, strict=True)}
             except Exception as alone:
+                if is_sticky_cuda_error(alone):
+                    return self._lose_context(action, alone)
                 failed[index] = f"{type(alone).__name__}: {alone}"
             longest_alone = max(longest_alone or 0, self._clock.now_ns() - started)
         timing = Timing(begin, self._clock.now_ns())
@@ -349,14 +410,11 @@ class TorchDevice:
             action.action_id, action.device, ActionStatus.OK, timing, message, outputs, failed, tuple(unchecked)
         )
 
-    def _lose_context(self, action: Infer, error: Exception) -> ActionResult:
-        """The batch that poisoned the context fails whole (which request did cannot be learnt here any
-        more); every later action is refused, and the worker is told once this result is out."""
-        cause = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
-        self.lost = (f"the CUDA context of {self.device} is lost ({cause}); the worker starts over. An input "
-                     "outside a model's range is the usual cause: declare valid_range in its config")  # fmt: skip
-        log.critical("%s, in a batch of %s", self.lost, action.model)
-        return self._refuse(action, ActionStatus.ERROR, self.lost)
+    def _lose_context(self, action: Action, error: Exception) -> ActionResult:
+        """The action that met a poisoned context fails whole (for a batch, which request did it cannot be
+        learnt here any more: nothing runs); every later action is refused (``_lose``)."""
+        reason = self._lose(error, f"{action_kind(action)} {action.model}", action)
+        return self._refuse(action, ActionStatus.ERROR, reason)
 
     @staticmethod
     def _discarded(action: Infer, timing: Timing) -> ActionResult:
@@ -426,11 +484,16 @@ class TorchDevice:
         if self._resident.get(config.name) is not residency or self.lost:  # evicted or reloaded since
             return
         zeros = new_buffers(config, batch, self.device)  # the shared buffers may hold another model's inputs now
+
+        def current() -> bool:
+            return self._resident.get(config.name) is residency
+
         try:
-            graph = self.graphs.capture(config.name, batch, binding.module, zeros, binding.inputs[batch], _as_tuple)
+            graph = self.graphs.capture(
+                config.name, batch, binding.module, zeros, binding.inputs[batch], _as_tuple, current
+            )
         except RuntimeError as error:  # sticky: the context is gone
-            self.lost = f"the CUDA context of {self.device} is lost ({type(error).__name__}: {error})"
-            log.critical("%s, capturing %s", self.lost, config.name)
+            self._lose(error, f"capturing {config.name} batch {batch}")
             return
         if graph is not None and self._resident.get(config.name) is residency:
             residency.graphs[batch] = graph

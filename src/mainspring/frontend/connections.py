@@ -45,24 +45,37 @@ CAUSES = {
 
 class DroppedClients:
     """Counts clients gone mid-request or cut off (``count(transport, cause)``: the metric), and logs
-    them in one line at most every ``LOG_EVERY_S`` seconds."""
+    them in one line at most every ``LOG_EVERY_S`` seconds: what comes within one is logged at its end."""
 
     def __init__(self, count: Callable[[str, str], None], clock: Callable[[], float] = time.monotonic) -> None:
         self._count = count
         self._clock = clock
         self._unlogged: Counter[tuple[str, str]] = Counter()
         self._logged_at = -LOG_EVERY_S
+        self._report_due: asyncio.TimerHandle | None = None
 
     def record(self, transport: str, cause: str) -> None:
         self._count(transport, cause)
         self._unlogged[transport, cause] += 1
-        now = self._clock()
-        if now - self._logged_at >= LOG_EVERY_S:
-            counts = sorted(self._unlogged.items())
-            summary = "; ".join(f"{n} {where} client(s) {CAUSES[why]}" for (where, why), n in counts)
-            log.info("%s (since the last such line; mainspring_client_disconnects_total counts them)", summary)
-            self._unlogged.clear()
-            self._logged_at = now
+        wait_s = self._logged_at + LOG_EVERY_S - self._clock()
+        if wait_s <= 0:
+            self.report()
+        elif self._report_due is None:
+            with contextlib.suppress(RuntimeError):  # no event loop (a caller of its own): the next record reports
+                self._report_due = asyncio.get_running_loop().call_later(wait_s, self.report)
+
+    def report(self) -> None:
+        """Log what has not been logged, in one line."""
+        if self._report_due is not None:
+            self._report_due.cancel()
+            self._report_due = None
+        if not self._unlogged:
+            return
+        counts = sorted(self._unlogged.items())
+        summary = "; ".join(f"{n} {where} client(s) {CAUSES[why]}" for (where, why), n in counts)
+        log.info("%s (since the last such line; mainspring_client_disconnects_total counts them)", summary)
+        self._unlogged.clear()
+        self._logged_at = self._clock()
 
 
 def _answer_and_close(transport: asyncio.BaseTransport, status: int, reason: str, message: str) -> None:

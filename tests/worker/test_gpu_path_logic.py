@@ -23,9 +23,9 @@ from mainspring.protocol.pages import MIB
 from mainspring.protocol.tensors import TensorSpec
 from mainspring.time import WallClock
 from mainspring.worker.executor import Lane
-from mainspring.worker.runtimes import torch_device
+from mainspring.worker.runtimes import host_weights
 from mainspring.worker.runtimes.cuda_graphs import GraphCapture, is_sticky_cuda_error
-from mainspring.worker.runtimes.torch_device import HostModel
+from mainspring.worker.runtimes.host_weights import HostModel
 from mainspring.worker.torch_worker import TorchWorker
 from tests.torch_models import Results
 
@@ -152,7 +152,7 @@ def test_weights_pinned_in_one_buffer_are_views_of_it_with_their_values(monkeypa
         allocations.append(nbytes)
         return torch.empty(nbytes, dtype=torch.uint8)
 
-    monkeypatch.setattr(torch_device, "pinned_buffer", buffer)
+    monkeypatch.setattr(host_weights, "pinned_buffer", buffer)
     tensors = {
         "w": torch.randn(3, 5),
         "b": torch.arange(7, dtype=torch.int64),
@@ -232,3 +232,44 @@ def test_a_worker_whose_context_is_lost_sends_its_results_and_starts_over(
         connection.stop()
         serving.join(10)
         controller.close()
+
+
+def test_a_gpu_pool_is_what_is_free_after_registration_less_what_lives_outside_it() -> None:
+    from mainspring.worker.runtimes.device_memory import CONTEXT_BYTES, pool_after_registration
+
+    page = 16 * MIB
+    free = 70 * 1024 * MIB  # an 80 GB GPU with the models registered
+    size, outside = pool_after_registration(free, page, [100 * MIB, 300 * MIB], [50 * MIB, 20 * MIB])
+    assert outside.registration == 600 * MIB and outside.activations == 100 * MIB
+    assert outside.total == CONTEXT_BYTES + 700 * MIB
+    assert size % page == 0 and free - outside.total - page < size <= free - outside.total
+    assert "600 for a registration" in outside.describe()
+    # a device with little free: one page at least (its loads then fail OUT_OF_MEMORY by name, not at start)
+    assert pool_after_registration(512 * MIB, page, [400 * MIB], [0])[0] == page
+
+
+def test_a_pool_opened_after_registration_serves_loads_and_none_before(
+    small_zoo: ModelRepository, results: Results
+) -> None:
+    from mainspring.protocol import DeviceSpec
+    from mainspring.worker.runtimes.torch_device import ExecSettings, TorchDevice
+
+    device = TorchDevice(DeviceSpec(0, "cpu", 0), torch.device("cpu"), WallClock(), results.put, ExecSettings())
+    worker = TorchWorker(small_zoo, results.put, models=["mlp"], pool_bytes=64 * MIB)
+    try:
+        binding = worker._devices[0]._bindings["mlp"]
+        device.add(binding.model, binding.module)
+        early = results.load("mlp")
+        device.submit(early)
+        refused = results.wait(early.action_id)
+        assert refused.status is ActionStatus.ERROR and "not allocated yet" in refused.message
+        device.open_pool(32 * MIB)
+        assert device.spec.pool_bytes == 32 * MIB and device.pool.total_pages == 2
+        later = results.load("mlp")
+        device.submit(later)
+        assert results.wait(later.action_id).status is ActionStatus.OK
+    finally:
+        device.close()
+        worker.close()
+    with pytest.raises(ValueError, match="only a GPU's is sized after registration"):
+        TorchWorker(small_zoo, results.put, models=[], pool_bytes=0)

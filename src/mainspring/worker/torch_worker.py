@@ -27,7 +27,9 @@ from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB
 from mainspring.protocol.tensors import Sample
 from mainspring.time import Clock, WallClock
 from mainspring.worker.api import ResultCallback
-from mainspring.worker.runtimes.torch_device import ExecSettings, HostModel, PinningError, TorchDevice, drop_weights
+from mainspring.worker.runtimes.device_memory import pool_after_registration
+from mainspring.worker.runtimes.host_weights import HostModel, PinningError, drop_weights
+from mainspring.worker.runtimes.torch_device import ExecSettings, TorchDevice
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +59,8 @@ def torch_device(name: str) -> torch.device:
 
 
 def default_pool_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory // 2
-    return DEFAULT_CPU_POOL_BYTES
+    """The page pool of a device not given one; 0: sized once the models are registered (a GPU's)."""
+    return 0 if device.type == "cuda" else DEFAULT_CPU_POOL_BYTES
 
 
 # While a model registers, the interpreter switches threads this often instead of every 5 ms. Reading a
@@ -111,6 +112,8 @@ class TorchWorker:
         for index, name in enumerate(devices):
             target = torch_device(name)
             pool = pool_bytes if pool_bytes is not None else default_pool_bytes(target)
+            if pool == 0 and target.type != "cuda":
+                raise ValueError(f"{name}: a page pool of 0 bytes (only a GPU's is sized after registration)")
             spec = DeviceSpec(index, device_kind(target), pool, page_bytes)
             self._devices.append(TorchDevice(spec, target, self._clock, on_result, self.settings, on_lost))
         kinds = {d.spec.kind for d in self._devices}
@@ -127,6 +130,20 @@ class TorchWorker:
             except ModelLoadError as error:
                 self.load_errors[model] = str(error)
                 log.error("not serving %s: %s", model, error)
+        for device in self._devices:
+            if not device.pool_open:
+                self._size_pool(device)
+
+    def _size_pool(self, device: TorchDevice) -> None:
+        """Open a GPU's page pool in the memory left once the models are registered (``device_memory.py``)."""
+        with torch.cuda.device(device.device):
+            torch.cuda.empty_cache()  # what the caching allocator holds from the warm-ups is free to the pool
+        free, _ = torch.cuda.mem_get_info(device.device)
+        weights = [config_and_profile[1].weights_bytes for config_and_profile in self._models.values()]
+        size, outside = pool_after_registration(free, device.spec.page_bytes, weights, device.activation_peaks.values())
+        device.open_pool(size)
+        log.info("%s: a page pool of %.0f MiB (%.0f MiB free after registering %d models; %s)",
+                 device.device, size / MIB, free / MIB, len(weights), outside.describe())  # fmt: skip
 
     @property
     def devices(self) -> Sequence[DeviceSpec]:

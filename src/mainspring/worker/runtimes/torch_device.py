@@ -1,7 +1,8 @@
 """One real device (a CPU arena or a CUDA GPU) running actions with PyTorch.
 
 Weights of every registered model stay in host memory (pinned on CUDA). The device
-allocates its page pool once, as one arena; ``LoadWeights`` copies a model's tensors
+allocates its page pool once, as one arena (a GPU's once its models are registered:
+``open_pool``); ``LoadWeights`` copies a model's tensors
 into pages (first-fit-decreasing, never straddling a page) and points the module's
 parameters at those page views, so inference reads the weights from the pages and no
 other copy is made. ``EvictWeights`` returns the pages. Each load is a new
@@ -9,9 +10,9 @@ other copy is made. ``EvictWeights`` returns the pages. Each load is a new
 evicted or reloaded meanwhile) reports an error instead of outputs that may be wrong.
 
 On CUDA a load's CUDA graphs (one per batch size) are captured after its result is out, a batch
-size at a time while the load lane has nothing due (``Lane.when_idle``): a load takes what its
-profile predicts (a copy), and the model runs eagerly until its graphs are in. Each capture has
-a stream of its own and every graph of the device draws from one shared memory pool (replays are
+size at a time while no load is due within 50 ms (``Lane.when_idle``): a load takes what its
+profile predicts (a copy), and the model runs eagerly until its graphs are in. Captures run on
+a stream of their own and every graph of the device draws from one shared memory pool (replays are
 serial on the exec stream, so graphs may share scratch memory). A batch size that fails to
 capture is not tried again at later loads. Warm-up runs on a stream of its own, never between
 the exec lane's timed inferences. A CUDA error that poisons the context (a device-side assert,
@@ -26,16 +27,15 @@ import functools
 import logging
 import os
 import threading
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import msgspec
 import numpy as np
 import torch
 from torch import nn
 
-from mainspring.models.zoo import torch_dtype
 from mainspring.protocol import (
     Action,
     ActionResult,
@@ -47,13 +47,13 @@ from mainspring.protocol import (
     Timing,
     action_kind,
 )
-from mainspring.protocol.models import ModelConfig
-from mainspring.protocol.pages import aligned_bytes, pack_first_fit_decreasing
-from mainspring.protocol.tensors import Sample, numpy_dtype, shape_matches
+from mainspring.protocol.tensors import Sample, numpy_dtype
 from mainspring.time import Clock
 from mainspring.worker.executor import Lane, ResultSink
 from mainspring.worker.pages import PagePool
+from mainspring.worker.runtimes.batches import as_tuple, check_batch, check_outputs
 from mainspring.worker.runtimes.cuda_graphs import GraphCapture, is_sticky_cuda_error
+from mainspring.worker.runtimes.host_weights import HostModel
 from mainspring.worker.runtimes.input_buffers import SharedInputs, new_buffers
 
 log = logging.getLogger(__name__)
@@ -72,71 +72,6 @@ class ExecSettings:
     inference_mode: bool = True
     warmup_runs: int = 3
     cuda_graphs: bool = True
-
-
-@dataclass
-class HostModel:
-    """A registered model's weights in host memory and where each tensor goes in its pages."""
-
-    config: ModelConfig
-    names: tuple[str, ...]
-    host: tuple[torch.Tensor, ...]
-    tensor_bytes: tuple[int, ...]  # aligned: the room each tensor takes in a page
-    layout: list[list[int]]  # tensor indices per page, first-fit-decreasing
-
-    @classmethod
-    def from_tensors(
-        cls, config: ModelConfig, tensors: Mapping[str, torch.Tensor], page_bytes: int, pin: bool
-    ) -> HostModel:
-        names = tuple(tensors)
-        host = tuple(t.detach().cpu().contiguous() for t in tensors.values())
-        sizes = tuple(aligned_bytes(t.numel() * t.element_size()) for t in host)
-        if pin:
-            host = _pinned_together(host, sizes)
-        return cls(config, names, host, sizes, pack_first_fit_decreasing(sizes, page_bytes))
-
-    @property
-    def weights_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.host)
-
-
-class PinningError(RuntimeError):
-    """Host memory for a model's weights could not be page-locked."""
-
-
-def _pinned_together(host: tuple[torch.Tensor, ...], sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
-    """``host`` copied into one page-locked buffer (views of it, which keep it: ``Tensor._base``)."""
-    buffer = pinned_buffer(sum(sizes))
-    views, offset = [], 0
-    for tensor, size in zip(host, sizes, strict=True):
-        nbytes = tensor.numel() * tensor.element_size()
-        view = buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
-        view.copy_(tensor)
-        views.append(view)
-        offset += size
-    return tuple(views)
-
-
-def pinned_buffer(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of ordinary host memory registered with CUDA (page-locked) as they are, unregistered when the
-    buffer goes. Not ``pin_memory``: its allocator rounds each allocation up to a power of two (pytorch#171662),
-    up to twice the weights, and keeps what is freed."""
-    buffer = torch.empty(max(1, nbytes), dtype=torch.uint8)
-    cudart: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-    pointer = buffer.data_ptr()
-    status = cudart.cudaHostRegister(pointer, buffer.numel(), 0)
-    if status != cudart.cudaError.success:
-        raise PinningError(f"cudaHostRegister of {nbytes} bytes failed ({status})")
-    weakref.finalize(buffer, cudart.cudaHostUnregister, pointer)
-    return buffer
-
-
-def drop_weights(module: nn.Module) -> None:
-    """Let go of ``module``'s weights now: an exported module's reference cycles would hold them until a full
-    cycle collection, which may not come for a long time (on a GPU: its memory)."""
-    with torch.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
-            tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
 @dataclass
@@ -175,9 +110,12 @@ class TorchDevice:
         self.settings = settings
         self._clock = clock
         self._cuda = torch_device.type == "cuda"
-        self.pool = PagePool(spec.pool_bytes, spec.page_bytes)
-        self._arena = torch.empty(self.pool.total_pages * spec.page_bytes, dtype=torch.uint8, device=torch_device)
-        self._arena.zero_()  # touch every page now: a first-touch page fault would make the first loads slow
+        self.pool = PagePool(spec.page_bytes, spec.page_bytes)  # until ``open_pool``
+        self._arena = torch.empty(0, dtype=torch.uint8, device=torch_device)
+        self.pool_open = False
+        if spec.pool_bytes:
+            self.open_pool(spec.pool_bytes)
+        self.activation_peaks: dict[str, int] = {}  # CUDA: bytes a model's warm-up took beyond its weights
         self._bindings: dict[str, _Binding] = {}
         self.inputs = SharedInputs(torch_device, self._inference)
         self._resident: dict[str, Residency] = {}
@@ -195,6 +133,16 @@ class TorchDevice:
         self._exec_lane = Lane(f"exec-{spec.device}", clock, self._run_exec, self._deliver, on_thread_start=pin)
         # Captures run on the load lane when the next load is at least this far off (or none is queued).
         self._load_lane = Lane(f"load-{spec.device}", clock, self._run_load, self._deliver, idle_gap_ns=CAPTURE_GAP_NS)
+
+    def open_pool(self, pool_bytes: int) -> None:
+        """Allocate the page pool (once; a pool of 0 bytes in the spec waits for this: its size is then known
+        only once the models are registered, ``device_memory.py``)."""
+        assert not self.pool_open, "the page pool is open already"
+        self.spec = msgspec.structs.replace(self.spec, pool_bytes=pool_bytes)
+        self.pool = PagePool(pool_bytes, self.spec.page_bytes)
+        self._arena = torch.empty(self.pool.total_pages * self.spec.page_bytes, dtype=torch.uint8, device=self.device)
+        self._arena.zero_()  # touch every page now: a first-touch page fault would make the first loads slow
+        self.pool_open = True
 
     @property
     def resident_models(self) -> frozenset[str]:
@@ -248,8 +196,14 @@ class TorchDevice:
         binding = _Binding(model, module, params, own)
         # Warm up on temporary weights on the device: the pool is the controller's to fill.
         try:
+            if self._cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+                before = torch.cuda.memory_allocated(self.device)
             self._bind(binding, tuple(h.to(self.device) for h in model.host))
             timings = {b: self._warm_up(binding, b) for b in config.batch_sizes}
+            if self._cuda:
+                peak = torch.cuda.max_memory_allocated(self.device) - before - model.weights_bytes
+                self.activation_peaks[config.name] = max(0, peak)
         except Exception as error:
             if is_sticky_cuda_error(error):
                 self._lose(error, f"registering {config.name}")
@@ -268,6 +222,7 @@ class TorchDevice:
             self._bind(binding, [torch.empty(0, dtype=p.dtype, device=p.device) for p in binding.params])
         self._resident.pop(model, None)
         self._served.discard(model)
+        self.activation_peaks.pop(model, None)
         self.graphs.forget(model)
         self.pool.release(model)
 
@@ -284,7 +239,7 @@ class TorchDevice:
             self._to_host(outputs, self._warmup_stream)
             self._synchronize(self._warmup_stream)
             durations.append(self._clock.now_ns() - begin)
-        _check_outputs(binding.model.config, outputs, batch)
+        check_outputs(binding.model.config, outputs, batch)
         return durations[1:]
 
     # -- the lanes ----------------------------------------------------------------------------------------------
@@ -298,6 +253,8 @@ class TorchDevice:
         binding = self._bindings.get(action.model)
         if binding is None:
             return self._refuse(action, ActionStatus.ERROR, f"model {action.model!r} is not registered on this worker")
+        if not self.pool_open:
+            return self._refuse(action, ActionStatus.ERROR, "the page pool is not allocated yet")
         if action.model in self._resident:
             return self._refuse(action, ActionStatus.ERROR, f"{action.model} is already resident")
         pages = len(binding.model.layout)
@@ -342,7 +299,7 @@ class TorchDevice:
         residency = self._resident.get(action.model)
         if residency is None:
             return self._refuse(action, ActionStatus.NOT_RESIDENT, f"{action.model} is not resident")
-        problem = _check_batch(binding.model.config, action, samples)
+        problem = check_batch(binding.model.config, action, samples)
         if problem:
             return self._refuse(action, ActionStatus.ERROR, problem)
         assert samples is not None
@@ -446,7 +403,7 @@ class TorchDevice:
             if graph is not None:
                 graph[0].replay()
                 return graph[1]
-            return _as_tuple(binding.module(*buffers))
+            return as_tuple(binding.module(*buffers))
 
     def _to_host(
         self, outputs: tuple[torch.Tensor, ...], stream: torch.cuda.Stream | None = None
@@ -490,7 +447,7 @@ class TorchDevice:
 
         try:
             graph = self.graphs.capture(
-                config.name, batch, binding.module, zeros, binding.inputs[batch], _as_tuple, current
+                config.name, batch, binding.module, zeros, binding.inputs[batch], as_tuple, current
             )
         except RuntimeError as error:  # sticky: the context is gone
             self._lose(error, f"capturing {config.name} batch {batch}")
@@ -521,44 +478,6 @@ class TorchDevice:
     @staticmethod
     def _refuse(action: Action, status: ActionStatus, message: str) -> ActionResult:
         return ActionResult(action.action_id, action.device, status, None, message)
-
-
-def _check_batch(config: ModelConfig, action: Infer, samples: Sequence[Sample] | None) -> str:
-    if action.batch_size not in config.batch_sizes:
-        return f"batch size {action.batch_size} is not one of {list(config.batch_sizes)} for {config.name}"
-    if len(action.request_ids) > action.batch_size:
-        return f"{len(action.request_ids)} requests do not fit a batch of {action.batch_size}"
-    if samples is None or len(samples) != len(action.request_ids):
-        return f"expected inputs for {len(action.request_ids)} requests, got {0 if samples is None else len(samples)}"
-    for i, sample in enumerate(samples):
-        for spec in config.inputs:
-            if spec.name not in sample:
-                return f"request {action.request_ids[i]}: input {spec.name!r} is missing"
-            try:
-                spec.check_sample(sample[spec.name], f"request {action.request_ids[i]} input {spec.name!r}")
-            except ValueError as error:
-                return str(error)
-    return ""
-
-
-def _check_outputs(config: ModelConfig, outputs: tuple[torch.Tensor, ...], batch: int) -> None:
-    if len(outputs) != len(config.outputs):
-        raise ValueError(f"the model returns {len(outputs)} outputs, its config names {len(config.outputs)}")
-    for spec, tensor in zip(config.outputs, outputs, strict=True):
-        if not shape_matches((batch, *spec.sample_shape), tuple(tensor.shape)):
-            raise ValueError(
-                f"output {spec.name!r}: the model returns shape {list(tensor.shape)}, config says {list(spec.shape)}"
-            )
-        if tensor.dtype != torch_dtype(spec.datatype):
-            raise ValueError(f"output {spec.name!r}: the model returns {tensor.dtype}, config says {spec.datatype}")
-
-
-def _as_tuple(result: object) -> tuple[torch.Tensor, ...]:
-    if isinstance(result, torch.Tensor):
-        return (result,)
-    if isinstance(result, list | tuple) and all(isinstance(t, torch.Tensor) for t in result):
-        return tuple(result)
-    raise ValueError(f"the model returned {type(result).__name__}, expected a tensor or a tuple of tensors")
 
 
 def _stream(device: torch.device) -> torch.cuda.Stream:

@@ -275,3 +275,38 @@ def test_what_comes_within_the_interval_is_logged_at_its_end(monkeypatch: pytest
         logger.setLevel(level)
     assert [line.split(" (")[0] for line in lines] == ["1 http client(s) hung up mid-request",
                                                        "3 http client(s) hung up mid-request"]  # fmt: skip
+
+
+def test_grpc_closes_a_connection_that_never_speaks_http2() -> None:
+    async def test(service: ControllerService, _: int, grpc_port: int) -> None:
+        def silent() -> float:
+            with connect(grpc_port) as client:
+                started = time.monotonic()
+                read_to_end(client)
+                return time.monotonic() - started
+
+        closed_s = await asyncio.to_thread(silent)
+        assert closed_s < 1 + 8, closed_s  # the handshake timeout (header_timeout_s), not the idle one (30 s)
+
+    with_frontends(test, header_timeout_s=1.0, idle_timeout_s=30.0)
+
+
+def test_grpc_asks_an_idle_connection_to_go_away() -> None:
+    async def test(service: ControllerService, _: int, grpc_port: int) -> None:
+        def idle_goaway() -> bool:
+            import grpc
+            from tritonclient.grpc import service_pb2 as pb
+            from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+            states: list[grpc.ChannelConnectivity] = []
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                pb_grpc.GRPCInferenceServiceStub(channel).ServerLive(pb.ServerLiveRequest(), timeout=60)
+                channel.subscribe(states.append)
+                deadline = time.monotonic() + PATIENCE_S
+                while grpc.ChannelConnectivity.IDLE not in states and time.monotonic() < deadline:
+                    time.sleep(0.05)  # the server's GOAWAY after max_connection_idle turns the channel idle
+            return grpc.ChannelConnectivity.IDLE in states
+
+        assert await asyncio.to_thread(idle_goaway)
+
+    with_frontends(test, idle_timeout_s=1.0)

@@ -40,8 +40,10 @@ test: lint
 # kind of action and exec p99/p50 (scripts/gpu_check.py). ONNX on CUDA needs onnxruntime-gpu in place of
 # onnxruntime (the CPU package hides the CUDA provider): this swaps them in the venv.
 gpu-check: $(STAMP)
+	$(BIN)/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU (or a CPU build of torch): nothing to check'"
 	$(BIN)/pip uninstall --quiet --yes onnxruntime
-	$(BIN)/pip install --quiet --disable-pip-version-check 'onnxruntime-gpu>=1.17'
+	$(BIN)/pip install --quiet --disable-pip-version-check --force-reinstall 'onnxruntime-gpu>=1.17'
+	$(BIN)/python -c "import torch, onnxruntime as o; print('torch', torch.__version__, 'CUDA', torch.version.cuda, '| onnxruntime', o.__version__, o.get_available_providers())"
 	$(BIN)/pytest -q -s -m gpu tests/worker/test_cuda.py tests/worker/test_cuda_stress.py
 	$(BIN)/python scripts/gpu_check.py
 

@@ -98,8 +98,10 @@ def main() -> int:
                                     "--image-size", "224"], 600)  # fmt: skip
         step("profile on the GPU", [*MAINSPRING, "profile", str(repo), "--device", args.device, "--max-seconds", "1",
                                     "--quiet"], 600)  # fmt: skip
-        for profile in sorted(repo.glob("*/*/profile.json")):
-            print(f"  {profile.relative_to(repo)}: {json.loads(profile.read_text()).get('exec_ns')}")
+        for path in sorted(repo.glob("*/*/profile.json")):
+            for profile in json.loads(path.read_text())["profiles"]:
+                model, kind, load = profile["model"], profile["device_kind"], profile["load_ms"]
+                print(f"  {model} on {kind}: load {load} ms, exec ms per batch size {profile['exec_ms']}")
         http, grpc, workers = free_port(), free_port(), free_port()
         command = [*MAINSPRING, "serve", "--repo", str(repo), "--devices", args.device, "--http-port", str(http),
                    "--grpc-port", str(grpc), "--worker-port", str(workers), "--log-dir", str(logs)]  # fmt: skip

@@ -108,6 +108,7 @@ def run_profile(args: argparse.Namespace) -> int:
             config = worker.configs()[model]
             loads = measure_load(runner, worker.submit, model, settings.load_runs)
             runner.run(worker.submit, LoadWeights, model)
+            worker.settle()  # its CUDA graphs are in: time replays, not eager runs beside a capture
             batches = [measure_exec(runner, worker.submit, config, b, settings) for b in config.batch_sizes]
             worker.unregister(model)
             profile = profile_from(provisional, loads, batches)

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from mainspring.models.loading import export_zoo_model
+from mainspring.models.loading import copy_model, export_zoo_model
 from mainspring.models.profiler import sample_inputs
 from mainspring.models.repository import ModelRepository
 from mainspring.models.zoo import build_model
 from mainspring.protocol import ActionResult, ActionStatus
 from mainspring.protocol.pages import MIB
 from mainspring.protocol.tensors import Sample
+from mainspring.worker.runtimes.torch_device import ExecSettings
 from mainspring.worker.torch_worker import TorchWorker
 from tests.torch_models import RESNET_ARGS, Results
 from tests.waiting import wait_for
@@ -27,7 +28,27 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine"),
 ]
-ARGS = {"resnet18": RESNET_ARGS, "bert_tiny": {}, "mlp": {}, "mobilenetv2": RESNET_ARGS}
+ARGS = {"resnet18": RESNET_ARGS, "bert_tiny": {}, "mlp": {}}
+ARCHITECTURE = {"resnet18_b": "resnet18"}  # a copy: the same file, served under another name
+
+
+@pytest.fixture(autouse=True)
+def exact_kernels() -> Iterator[None]:
+    """No TF32 (on by default for cuDNN convolutions): outputs compared with the CPU's stay within tolerance."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.fixture(scope="module")
+def exported_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
+    """The zoo's default format, torch.export, for a conv net and a transformer (small_zoo has them in others)."""
+    repo = ModelRepository(tmp_path_factory.mktemp("exported") / "repo")
+    for name, args in ARGS.items():
+        export_zoo_model(repo, name, args=dict(args))
+    copy_model(repo, "resnet18", "resnet18_b")
+    return repo
 
 
 @pytest.fixture
@@ -36,8 +57,8 @@ def results() -> Results:
 
 
 @pytest.fixture
-def gpu(small_zoo: ModelRepository, results: Results) -> Iterator[TorchWorker]:
-    worker = TorchWorker(small_zoo, results.put, ["cuda:0"], pool_bytes=256 * MIB)
+def gpu(exported_zoo: ModelRepository, results: Results) -> Iterator[TorchWorker]:
+    worker = TorchWorker(exported_zoo, results.put, ["cuda:0"], pool_bytes=256 * MIB, models=list(ARGS))
     yield worker
     worker.close()
 
@@ -58,7 +79,8 @@ def load(worker: TorchWorker, results: Results, model: str, graphs: bool = True)
 def expected(worker: TorchWorker, model: str, samples: list[Sample]) -> np.ndarray:
     """The same model and weights on the CPU."""
     config = worker.configs()[model]
-    reference = build_model(model, ARGS.get(model, {}))
+    architecture = ARCHITECTURE.get(model, model)
+    reference = build_model(architecture, ARGS[architecture])
     inputs = [torch.from_numpy(np.concatenate([s[spec.name] for s in samples])) for spec in config.inputs]
     with torch.inference_mode():
         out = reference(*inputs)
@@ -74,7 +96,7 @@ def infer_checked(worker: TorchWorker, results: Results, model: str, count: int,
     np.testing.assert_allclose(got, expected(worker, model, samples), rtol=1e-2, atol=1e-3)
 
 
-@pytest.mark.parametrize("model", ["resnet18", "mobilenetv2", "bert_tiny", "mlp"])
+@pytest.mark.parametrize("model", list(ARGS))
 def test_partial_batches_are_padded_and_match_the_cpu(gpu: TorchWorker, results: Results, model: str) -> None:
     load(gpu, results, model)
     for batch in gpu.configs()[model].batch_sizes:
@@ -105,11 +127,11 @@ def test_a_load_runs_during_an_inference(gpu: TorchWorker, results: Results) -> 
     load(gpu, results, "resnet18")
     samples = sample_inputs(gpu.configs()["resnet18"], 8)
     infer = results.infer("resnet18", 8, 8)
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(100_000_000)  # keep the GPU busy so that the two overlap
+    with torch.cuda.stream(gpu._devices[0]._exec_stream):
+        torch.cuda._sleep(500_000_000)  # the exec stream is busy for a while before the inference's kernels
     gpu.submit(infer, samples)
     loaded = run(gpu, results, results.load("bert_tiny"))
+    assert infer.action_id not in results._seen  # the load was done while the inference waited on its stream
     done = results.wait(infer.action_id)
     assert loaded.status is ActionStatus.OK and done.status is ActionStatus.OK
     infer_checked(gpu, results, "bert_tiny", 1, 1)
@@ -137,35 +159,36 @@ def test_a_capture_that_fails_leaves_the_model_eager_and_is_not_retried(gpu: Tor
     infer_checked(gpu, results, "resnet18", 4, 4)
 
 
-def test_a_bad_input_fails_alone_on_the_gpu(gpu: TorchWorker, results: Results) -> None:
+def test_a_bad_input_fails_alone_on_the_gpu(exported_zoo: ModelRepository, results: Results) -> None:
     """The isolate path on CUDA: a batch that fails is run a request at a time, and only the request
-    whose input the model refuses fails (the model refuses it in Python, before any kernel)."""
-    load(gpu, results, "mlp", graphs=False)
-    device = gpu._devices[0]
-    module = device._bindings["mlp"].module
-
-    def refuse_negative_first(m: object, args: tuple[torch.Tensor, ...]) -> None:
-        if bool((args[0][:, 0] < -100).any()):
-            raise ValueError("an input the model refuses")
-
-    device._resident["mlp"].graphs.clear()  # eager, so that the hook runs
-    hook = module.register_forward_pre_hook(refuse_negative_first)
+    whose input the model refuses fails (the model refuses it in Python, before any kernel; eager, no
+    graphs, so that the check runs)."""
+    settings = ExecSettings(cuda_graphs=False)
+    worker = TorchWorker(exported_zoo, results.put, ["cuda:0"], pool_bytes=64 * MIB, models=["mlp"], settings=settings)
     try:
-        samples = sample_inputs(gpu.configs()["mlp"], 4)
-        samples[2]["input"][0, 0] = -1000.0
-        result = run(gpu, results, results.infer("mlp", 4, 4), samples)
+        load(worker, results, "mlp", graphs=False)
+        module = worker._devices[0]._bindings["mlp"].module
+
+        def refuse_negative_first(m: object, args: tuple[torch.Tensor, ...]) -> None:
+            if bool((args[0][:, 0] < -100).any()):
+                raise ValueError("an input the model refuses")
+
+        hook = module.register_forward_pre_hook(refuse_negative_first)
+        try:
+            samples = sample_inputs(worker.configs()["mlp"], 4)
+            samples[2]["input"][0, 0] = -1000.0
+            result = run(worker, results, results.infer("mlp", 4, 4), samples)
+        finally:
+            hook.remove()
+        assert result.status is ActionStatus.OK and result.failed is not None and set(result.failed) == {2}, result
     finally:
-        hook.remove()
-    assert result.status is ActionStatus.OK and set(result.failed) == {2}, result
+        worker.close()
 
 
-def test_models_of_one_input_signature_share_input_buffers_on_the_gpu(tmp_path: Path, results: Results) -> None:
-    repo = ModelRepository(tmp_path / "repo")
-    export_zoo_model(repo, "resnet18", dict(RESNET_ARGS))
-    from mainspring.models.loading import copy_model
-
-    copy_model(repo, "resnet18", "resnet18_b")
-    worker = TorchWorker(repo, results.put, ["cuda:0"], pool_bytes=256 * MIB)
+def test_models_of_one_input_signature_share_input_buffers_on_the_gpu(
+    exported_zoo: ModelRepository, results: Results
+) -> None:
+    worker = TorchWorker(exported_zoo, results.put, ["cuda:0"], pool_bytes=256 * MIB, models=["resnet18", "resnet18_b"])
     try:
         device = worker._devices[0]
         a, b = device._bindings["resnet18"], device._bindings["resnet18_b"]
@@ -193,12 +216,12 @@ def test_onnx_on_cuda_reads_inputs_written_on_a_busy_stream(tmp_path: Path, resu
     try:
         load(worker, results, "onnx_mlp", graphs=False)
         rng = np.random.default_rng(2)
-        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        exec_stream = worker._devices[0]._exec_stream
         for _ in range(20):
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(exec_stream):  # the input copies and padding queue behind this on their stream
                 torch.cuda._sleep(20_000_000)
-            x = rng.standard_normal((4, 16)).astype(np.float32)
-            result = run(worker, results, results.infer("onnx_mlp", 4, 4), [{"x": x[i : i + 1]} for i in range(4)])
+            x = rng.standard_normal((3, 16)).astype(np.float32)  # 3 in a batch of 4: a padded row too
+            result = run(worker, results, results.infer("onnx_mlp", 3, 4), [{"x": x[i : i + 1]} for i in range(3)])
             assert result.status is ActionStatus.OK, result.message
             got = np.concatenate([o["y"] for o in result.outputs])
             np.testing.assert_allclose(got, run_onnx(repo.model_file("onnx_mlp"), {"x": x})[0], rtol=1e-4, atol=1e-5)

@@ -148,7 +148,7 @@ def test_weights_pinned_in_one_buffer_are_views_of_it_with_their_values(monkeypa
     """The pinned allocator rounds each allocation up to a power of two: one buffer per model, not per tensor."""
     allocations: list[int] = []
 
-    def buffer(nbytes: int) -> torch.Tensor:  # pinning needs CUDA; the layout does not
+    def buffer(nbytes: int, device: torch.device) -> torch.Tensor:  # pinning needs CUDA; the layout does not
         allocations.append(nbytes)
         return torch.empty(nbytes, dtype=torch.uint8)
 
@@ -160,7 +160,7 @@ def test_weights_pinned_in_one_buffer_are_views_of_it_with_their_values(monkeypa
     }
     spec = TensorSpec("x", "FP32", (-1, 5))
     config = ModelConfig("m", "torch_export", "model.pt2", (spec,), (spec,))
-    host = HostModel.from_tensors(config, tensors, 4096, pin=True)
+    host = HostModel.from_tensors(config, tensors, 4096, pin_for=torch.device("cuda", 0))
     assert allocations == [sum(host.tensor_bytes)]
     base = host.host[0].untyped_storage().data_ptr()
     assert all(t.untyped_storage().data_ptr() == base for t in host.host)

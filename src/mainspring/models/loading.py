@@ -24,8 +24,9 @@ from mainspring.protocol.models import ModelConfig
 def load_module(
     repo: ModelRepository, model: str, version: int | None = None, device: torch.device | None = None
 ) -> tuple[ModelConfig, nn.Module]:
-    """The model's config and module (eval mode; its weights on the CPU); ``ModelLoadError`` names the file and
-    the reason. ``device``: where it will run, for a format that fixes devices in its graph (torch.export)."""
+    """The model's config and module (eval mode); ``ModelLoadError`` names the file and the reason. ``device``:
+    where it will run, for a format that fixes devices in its graph (torch.export): such a module is moved there,
+    weights and all; the others' weights are on the CPU."""
     config = repo.config(model, version)
     file = repo.model_file(model, version)
     if not file.is_file():

@@ -51,6 +51,7 @@ class Lane:
         self._idle_gap_ns = idle_gap_ns
         self._queue: list[tuple[int, int, Action, Any]] = []
         self._idle_work: collections.deque[Callable[[], None]] = collections.deque()
+        self._idle_running = False
         self._seq = itertools.count()
         self._wakeup = threading.Condition()
         self._closed = False
@@ -70,6 +71,11 @@ class Lane:
             self._idle_work.append(work)
             self._wakeup.notify()
 
+    def wait_for_idle_work(self, timeout_s: float) -> bool:
+        """Wait until no idle work is queued or running; False if some still is after ``timeout_s``."""
+        with self._wakeup:
+            return self._wakeup.wait_for(lambda: not self._idle_work and not self._idle_running, timeout_s)
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop after the running action; queued ones are answered with an error."""
         with self._wakeup:
@@ -86,6 +92,7 @@ class Lane:
                     return None
                 if not self._queue:
                     if self._idle_work:
+                        self._idle_running = True
                         return self._idle_work.popleft()
                     self._wakeup.wait()
                     continue
@@ -97,6 +104,7 @@ class Lane:
                     return action, payload, refusal
                 if earliest > now:
                     if self._idle_work and earliest - now >= self._idle_gap_ns:
+                        self._idle_running = True
                         return self._idle_work.popleft()
                     self._wakeup.wait((earliest - now) / NS_PER_S)
                     continue
@@ -112,6 +120,9 @@ class Lane:
                     item()
                 except Exception:  # idle work answers nobody: its failure is only logged
                     log.exception("lane %s: idle work failed", self.name)
+                with self._wakeup:
+                    self._idle_running = False
+                    self._wakeup.notify_all()
                 continue
             action, payload, result = item
             if result is None:

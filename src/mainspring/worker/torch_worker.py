@@ -173,9 +173,8 @@ class TorchWorker:
                 config = msgspec.structs.replace(config, name=key)
             first = self._devices[0]
             try:
-                host = HostModel.from_tensors(
-                    config, state_tensors(module), first.spec.page_bytes, first.device.type == "cuda"
-                )
+                pin_for = first.device if first.device.type == "cuda" else None
+                host = HostModel.from_tensors(config, state_tensors(module), first.spec.page_bytes, pin_for)
             except PinningError as error:  # page-locked host memory is limited: refuse this model alone
                 drop_weights(module)  # moved to the GPU already, perhaps
                 reason = f"cannot hold its weights in page-locked host memory: {error}"
@@ -223,6 +222,10 @@ class TorchWorker:
     def close(self) -> None:
         for device in self._devices:
             device.close()
+
+    def settle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until every device's CUDA graph captures are done (``TorchDevice.settle``)."""
+        return all(device.settle(timeout_s) for device in self._devices)
 
     def _stored_profile(self, model: str, host: HostModel, version: int | None) -> ModelProfile | None:
         """The repository's profile for this device kind, unless it is unreadable or describes another

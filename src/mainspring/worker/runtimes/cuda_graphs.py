@@ -89,7 +89,7 @@ class GraphCapture:
                 # thread_local: the exec lane keeps running kernels (this model's too, eagerly) during the capture
                 with torch.cuda.graph(graph, pool=self._memory(), stream=stream, capture_error_mode="thread_local"):
                     outputs = as_outputs(module(*inputs))
-        except RuntimeError as error:
+        except Exception as error:  # whatever the model raises while captured (an export guard: AssertionError)
             if is_sticky_cuda_error(error):
                 raise
             reason = (str(error).strip().splitlines() or [repr(error)])[0]

@@ -41,10 +41,12 @@ def pool_after_registration(
     free_bytes: int, page_bytes: int, weights: Iterable[int], activations: Iterable[int]
 ) -> tuple[int, OutsidePool]:
     """The page pool (whole pages, at least one) that leaves room for what lives outside it, given the device's
-    free memory once the models are registered, and each registered model's weights and warm-up peak."""
+    free memory once the models are registered, and each registered model's weights and warm-up peak. With no
+    model registered yet, what later ones need is unknown: half the free memory stays outside."""
+    largest = max(weights, default=0)
     outside = OutsidePool(
         context=CONTEXT_BYTES,
-        registration=2 * max(weights, default=0),
+        registration=2 * largest if largest else max(0, free_bytes // 2 - CONTEXT_BYTES),
         activations=2 * max(activations, default=0),
     )
     pages = max(1, (free_bytes - outside.total) // page_bytes)

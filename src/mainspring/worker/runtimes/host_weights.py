@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,13 +27,14 @@ class HostModel:
 
     @classmethod
     def from_tensors(
-        cls, config: ModelConfig, tensors: Mapping[str, torch.Tensor], page_bytes: int, pin: bool
+        cls, config: ModelConfig, tensors: Mapping[str, torch.Tensor], page_bytes: int, pin_for: torch.device | None
     ) -> HostModel:
+        """``tensors`` held in host memory (a copy), page-locked for the CUDA device ``pin_for`` (None: not)."""
         names = tuple(tensors)
         host = tuple(t.detach().cpu().contiguous() for t in tensors.values())
         sizes = tuple(aligned_bytes(t.numel() * t.element_size()) for t in host)
-        if pin:
-            host = _pinned_together(host, sizes)
+        if pin_for is not None:
+            host = _pinned_together(host, sizes, pin_for)
         return cls(config, names, host, sizes, pack_first_fit_decreasing(sizes, page_bytes))
 
     @property
@@ -44,9 +46,11 @@ class PinningError(RuntimeError):
     """Host memory for a model's weights could not be page-locked."""
 
 
-def _pinned_together(host: tuple[torch.Tensor, ...], sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+def _pinned_together(
+    host: tuple[torch.Tensor, ...], sizes: tuple[int, ...], device: torch.device
+) -> tuple[torch.Tensor, ...]:
     """``host`` copied into one page-locked buffer (views of it, which keep it: ``Tensor._base``)."""
-    buffer = pinned_buffer(sum(sizes))
+    buffer = pinned_buffer(sum(sizes), device)
     views, offset = [], 0
     for tensor, size in zip(host, sizes, strict=True):
         nbytes = tensor.numel() * tensor.element_size()
@@ -57,18 +61,30 @@ def _pinned_together(host: tuple[torch.Tensor, ...], sizes: tuple[int, ...]) -> 
     return tuple(views)
 
 
-def pinned_buffer(nbytes: int) -> torch.Tensor:
+CUDA_HOST_REGISTER_PORTABLE = 1  # page-locked for every CUDA context, not only the current device's
+
+
+def pinned_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
     """``nbytes`` of ordinary host memory registered with CUDA (page-locked) as they are, unregistered when the
     buffer goes. Not ``pin_memory``: its allocator rounds each allocation up to a power of two (pytorch#171662),
     up to twice the weights, and keeps what is freed."""
     buffer = torch.empty(max(1, nbytes), dtype=torch.uint8)
     cudart: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]
     pointer = buffer.data_ptr()
-    status = cudart.cudaHostRegister(pointer, buffer.numel(), 0)
-    if status != cudart.cudaError.success:
-        raise PinningError(f"cudaHostRegister of {nbytes} bytes failed ({status})")
+    with torch.cuda.device(device):  # not device 0's context, for a worker on cuda:N
+        status = cudart.cudaHostRegister(pointer, buffer.numel(), CUDA_HOST_REGISTER_PORTABLE)
+        if status != cudart.cudaError.success:
+            _clear_last_error(device)
+            raise PinningError(f"cudaHostRegister of {nbytes} bytes failed ({status})")
     weakref.finalize(buffer, cudart.cudaHostUnregister, pointer)
     return buffer
+
+
+def _clear_last_error(device: torch.device) -> None:
+    """A failed runtime call leaves its error as the thread's last one, which the next kernel launch check on
+    this thread would raise (failing another model's warm-up): a launch's check takes it and clears it."""
+    with contextlib.suppress(RuntimeError):
+        torch.zeros(1, device=device)
 
 
 def drop_weights(module: nn.Module) -> None:

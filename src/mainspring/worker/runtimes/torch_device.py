@@ -142,6 +142,8 @@ class TorchDevice:
         self.pool = PagePool(pool_bytes, self.spec.page_bytes)
         self._arena = torch.empty(self.pool.total_pages * self.spec.page_bytes, dtype=torch.uint8, device=self.device)
         self._arena.zero_()  # touch every page now: a first-touch page fault would make the first loads slow
+        if self._cuda:  # the load stream does not wait for the default one: no load may land before the zeros
+            torch.cuda.synchronize(self.device)
         self.pool_open = True
 
     @property
@@ -155,6 +157,11 @@ class TorchDevice:
     def close(self) -> None:
         self._exec_lane.close()
         self._load_lane.close()
+
+    def settle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the loads' CUDA graph captures are done (measuring exec times meanwhile mixes eager runs
+        with replays, and a capture's synchronize); False if they are not within ``timeout_s``."""
+        return self._load_lane.wait_for_idle_work(timeout_s)
 
     def _deliver(self, result: ActionResult) -> None:
         """The lanes' results go out; the one that says the context is lost, before the worker is told."""

@@ -88,6 +88,7 @@ class Server:
             secret=config.worker_secret,
         )
         self._runner: web.AppRunner | None = None
+        self._plane: DataPlane | None = None
         self._grpc: Any = None
         self._local: list[LocalWorker] = []
         self._frontends: list[LocalWorker] = []
@@ -108,7 +109,7 @@ class Server:
         )  # fmt: skip
         await self.hub.start()
         access = Access(config.auth_token, config.auth_inference)
-        plane = DataPlane(self.service, self.repo, limits=config.limits(), access=access)
+        plane = self._plane = DataPlane(self.service, self.repo, limits=config.limits(), access=access)
         if config.host not in LOOPBACK:
             if not config.auth_token:
                 log.warning("listening on %s without auth_token: anyone who reaches it can load and unload models",
@@ -315,6 +316,8 @@ class Server:
             await self._grpc.stop(grace=1.0)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._plane is not None:
+            self._plane.dropped.report()  # what the last interval saw, not left unlogged
         if self._ray is not None:
             await asyncio.to_thread(self._ray.stop)
         await self.hub.close()

@@ -248,6 +248,7 @@ async def run_frontend(spec: FrontendSpec) -> None:
             await asyncio.wait_for(stop.wait(), 0.5)
     await grpc_server.stop(grace=1.0)
     await runner.cleanup()
+    plane.dropped.report()  # what the last interval saw, not left unlogged
     await controller.close()
 
 

@@ -19,7 +19,7 @@ from mainspring.cli_workload import (
     refuse_a_rate_past,
     workload_from,
 )
-from mainspring.models.profile import ModelProfile, builtin_profiles, load_profiles, model_copies
+from mainspring.models.profile import ModelProfile, model_copies, profiles_from
 from mainspring.protocol import MAX_SLO_MS
 from mainspring.protocol.pages import MIB
 from mainspring.scheduler.registry import SETTABLE, clockwork_config, parse_policies, policy_names
@@ -87,17 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _profiles(args: argparse.Namespace) -> list[ModelProfile]:
-    if args.profiles is None:
-        base = builtin_profiles()
-    elif args.profiles.is_dir():
-        from mainspring.models.repository import ModelRepository
-
-        base = ModelRepository(args.profiles).all_profiles()
-        if not base:
-            raise CliError(f"repository {args.profiles} holds no profiles: run `mainspring profile {args.profiles}`")
-    else:
-        base = load_profiles(args.profiles)
-    return model_copies(base, args.models)
+    return model_copies(profiles_from(args.profiles), args.models)
 
 
 def _config(args: argparse.Namespace) -> SimulationConfig:

@@ -53,8 +53,17 @@ def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--controller", required=True,
                    help="controller, tcp://HOST:PORT (its worker_secret in $MAINSPRING_WORKER_SECRET)")  # fmt: skip
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
-    p.add_argument("--repo", type=Path, required=True, help="model repository")
-    p.add_argument("--pool-mib", type=int, help="weight pool in MiB (default: 2048 on cpu, half the GPU)")
+    p.add_argument("--repo", type=Path, help="model repository (not with --emulate)")
+    p.add_argument("--emulate", nargs="?", const="builtin", metavar="PROFILES",
+                   help="emulated devices instead of a real one: profile-driven durations, no compute, each model "
+                        "echoing its input; PROFILES a profile file or profiled repository (default: Clockwork's "
+                        "V100 profiles)")  # fmt: skip
+    p.add_argument("--count", type=int, default=1, help="with --emulate: how many devices (default 1)")
+    p.add_argument("--models", type=int, help="with --emulate: this many copies of the profiles, <model>-<i>")
+    p.add_argument("--noise", choices=("default", "exact"), default="default",
+                   help="with --emulate: the simulator's duration noise, or none")  # fmt: skip
+    p.add_argument("--pool-mib", type=int, help="weight pool in MiB (default: 2048 on cpu; a GPU's sized after "
+                                                "registration; 32 GiB emulated)")  # fmt: skip
     p.add_argument("--name", help="worker name (default host:pid)")
     p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
     p.add_argument("--pin-core", type=int, help="pin the exec lane's thread to this CPU core")
@@ -91,28 +100,23 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    from mainspring.models.repository import ModelRepository
     from mainspring.protocol import ActionResult
-    from mainspring.protocol.pages import MIB
     from mainspring.transport.security import SECRET_ENV
-    from mainspring.worker.heap import freeze_startup_heap
+    from mainspring.worker.api import Worker
     from mainspring.worker.process import START_OVER, WorkerConnection
-    from mainspring.worker.runtimes.torch_device import ExecSettings
-    from mainspring.worker.torch_worker import TorchWorker
 
+    if (args.repo is None) == (args.emulate is None):
+        raise ValueError("give --repo (a real device's models) or --emulate (emulated devices), not both")
+    if args.count < 1 or (args.emulate is None and (args.count != 1 or args.models is not None)):
+        raise ValueError("--count (at least 1) and --models go with --emulate")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    repo = ModelRepository(args.repo)
-    pool = args.pool_mib * MIB if args.pool_mib else None
-    settings = ExecSettings(pin_core=args.pin_core)
-    freeze_startup_heap(repo, repo.models())  # before any model is registered: those must stay collectable
 
-    def make_worker(sink: Callable[[ActionResult], None]) -> TorchWorker:
-        # A lost CUDA context: this process starts over (``connection`` exists by the time it is told).
-        return TorchWorker(repo, sink, [args.device], pool_bytes=pool, settings=settings, on_lost=start_over)
-
-    def start_over(reason: str) -> None:
+    def start_over(reason: str) -> None:  # a lost CUDA context (``connection`` exists by the time it is told)
         connection.start_over(reason)
 
+    make_worker: Callable[[Callable[[ActionResult], None]], Worker] = (
+        _emulated_worker(args) if args.emulate is not None else _torch_worker(args, start_over)
+    )
     connection = WorkerConnection(
         args.controller,
         make_worker,
@@ -135,3 +139,41 @@ def run_worker(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(0)
     return 0
+
+
+def _torch_worker(args: argparse.Namespace, on_lost: Callable[[str], None]) -> Callable[[Any], Any]:
+    """A real device's worker, made once the connection can be told its CUDA context is lost (``on_lost``)."""
+    from mainspring.models.repository import ModelRepository
+    from mainspring.protocol.pages import MIB
+    from mainspring.worker.heap import freeze_startup_heap
+    from mainspring.worker.runtimes.torch_device import ExecSettings
+    from mainspring.worker.torch_worker import TorchWorker
+
+    repo = ModelRepository(args.repo)
+    pool = args.pool_mib * MIB if args.pool_mib else None
+    settings = ExecSettings(pin_core=args.pin_core)
+    freeze_startup_heap(repo, repo.models())  # before any model is registered: those must stay collectable
+    return lambda sink: TorchWorker(repo, sink, [args.device], pool_bytes=pool, settings=settings, on_lost=on_lost)
+
+
+def _emulated_worker(args: argparse.Namespace) -> Callable[[Any], Any]:
+    """``--count`` emulated devices of the profiles' kind serving ``--emulate``'s profiles (``--models`` copies)."""
+    from mainspring.models.profile import model_copies, profiles_from
+    from mainspring.protocol import DeviceSpec
+    from mainspring.protocol.pages import DEFAULT_POOL_BYTES, MIB
+    from mainspring.worker.emulated_worker import EmulatedWorker
+    from mainspring.worker.runtimes.emulated import NoiseModel
+
+    profiles = profiles_from(None if args.emulate == "builtin" else Path(args.emulate))
+    if args.models is not None:
+        profiles = model_copies(profiles, args.models)
+    kinds = sorted({p.device_kind for p in profiles})
+    if len(kinds) > 1:
+        raise ValueError(f"--emulate {args.emulate}: profiles of {len(kinds)} device kinds ({', '.join(kinds)}); "
+                         "one worker emulates one kind")  # fmt: skip
+    pool = args.pool_mib * MIB if args.pool_mib else DEFAULT_POOL_BYTES
+    specs = [DeviceSpec(i, kinds[0], pool) for i in range(args.count)]
+    noise = NoiseModel.exact() if args.noise == "exact" else NoiseModel()
+    by_name = {p.model: p for p in profiles}
+    logging.getLogger(__name__).info("emulating %d %s device(s) serving %d models", args.count, kinds[0], len(by_name))
+    return lambda sink: EmulatedWorker(specs, by_name, sink, noise)

@@ -24,7 +24,8 @@ import time
 
 import numpy as np
 
-from mainspring.controller.service import ControllerService, ServiceError
+from mainspring.controller.service import ControllerService
+from mainspring.frontend.port import ServiceError
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.protocol import DeviceSpec, ResponseStatus
 from mainspring.protocol.pages import DEFAULT_POOL_BYTES

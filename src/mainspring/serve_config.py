@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from mainspring.controller.service import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.frontend.limits import RequestLimits
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol import MAX_SLO_MS
 from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB
+from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.scheduler.clockwork.config import NOT_A_POLICY_SETTING, ClockworkConfig
 from mainspring.scheduler.registry import DEFAULT_POLICY, SETTABLE, clockwork_config, policy_names
 from mainspring.settings import dataclass_values, key_values

@@ -9,8 +9,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from mainspring.controller.service import ControllerService, ServiceError
+from mainspring.controller.service import ControllerService
 from mainspring.frontend.dataplane import DataPlane, InferenceError
+from mainspring.frontend.port import ServiceError
 from mainspring.protocol.models import ModelOperation, ModelTarget
 from mainspring.transport.inprocess import InProcessWorker
 from tests.controller.test_service import emulated, tensor, with_service

@@ -11,9 +11,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from mainspring.controller.service import ServiceError
 from mainspring.frontend import remote
 from mainspring.frontend.dataplane import DataPlane, Tensor
+from mainspring.frontend.port import ServiceError
 from mainspring.frontend.remote import RemoteController
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Outcome
@@ -165,3 +165,15 @@ def test_clients_a_frontend_process_drops_are_counted_in_the_controllers_metrics
             await hub.close()
 
     with_service(test)
+
+
+def test_a_frontend_process_imports_neither_the_controller_nor_the_policies() -> None:
+    """What a frontend needs of the controller is in ``protocol/serving.py``: its process stays small."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mainspring.frontend.remote, mainspring.frontend.http, mainspring.frontend.grpc; "
+            "print(sorted(m for m in sys.modules if m.startswith(('mainspring.controller', "
+            "'mainspring.scheduler'))))")  # fmt: skip
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert loaded.stdout.strip() == "[]", loaded.stdout

@@ -18,13 +18,14 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from mainspring.controller.service import ControllerService, ServiceError
-from mainspring.frontend.connections import CAUSES
+from mainspring.controller.service import ControllerService
+from mainspring.frontend.port import ServiceError
 from mainspring.models.repository import ModelLoadError
 from mainspring.protocol import Outcome
 from mainspring.protocol.models import ModelInfo
 from mainspring.protocol.tensors import Sample
 from mainspring.transport.frontend_messages import (
+    CAUSES,
     Answers,
     Applied,
     Ask,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from mainspring.controller.service import ControllerService, ServiceError
+from mainspring.controller.service import ControllerService
+from mainspring.frontend.port import ServiceError
 from mainspring.models.repository import ModelLoadError, ModelRepository
 
 log = logging.getLogger(__name__)

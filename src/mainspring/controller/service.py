@@ -24,9 +24,11 @@ from typing import Any
 import msgspec
 
 from mainspring.controller.controller import Controller, ControllerObserver, Observers
+from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
-from mainspring.protocol.models import ModelConfig, ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
+from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
+from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.protocol.tensors import Sample
 from mainspring.scheduler.base import Membership
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
@@ -38,28 +40,6 @@ from mainspring.transport.links import WorkerHandle
 
 log = logging.getLogger(__name__)
 
-Answer = tuple[Response, Any]
-
-
-class ServiceError(Exception):
-    """A request the service cannot take; ``kind`` is ``unavailable``, ``overloaded``, ``not_found`` or ``invalid``."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-@dataclass
-class ServedModel:
-    config: ModelConfig
-    profile: ModelProfile
-    version: int = 1
-    key: str = ""  # what the policy and workers call it: its name, or ``name@n`` once reloaded in place
-    # (config and profile carry the name: they are what clients and frontend processes read)
-
-    def __post_init__(self) -> None:
-        self.key = self.key or self.config.name
-
 
 @dataclass
 class _ModelOp:
@@ -68,12 +48,6 @@ class _ModelOp:
     waiting: set[int]  # id() of the handles that have not replied
     replies: list[ModelReply] = field(default_factory=list)
     done: asyncio.Future[list[ModelReply]] | None = None
-
-
-# Every batch is planned to end this long before its deadline: the result's trip from the worker
-# (ZeroMQ round trip on loopback: 0.06 ms p50, 0.12 ms p99, MEASUREMENTS.md) plus the answer's way
-# out through the frontend (0.5-1 ms for a JSON response, benchmarks/serving_overhead.py).
-DEFAULT_DEADLINE_MARGIN_MS = 1.0
 
 
 class _DeviceLink:

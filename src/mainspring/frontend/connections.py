@@ -31,16 +31,11 @@ from collections.abc import Callable
 from aiohttp import web
 
 from mainspring.frontend.limits import RequestLimits
+from mainspring.transport.frontend_messages import CAUSES
 
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 10.0
-CAUSES = {
-    "hung_up": "hung up mid-request",
-    "header_timeout": "sent no complete headers in time (header_timeout_s)",
-    "body_timeout": "sent no complete body in time (body_timeout_s)",
-    "connection_limit": "were refused a connection (max_connections)",
-}
 
 
 class DroppedClients:

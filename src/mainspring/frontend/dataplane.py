@@ -17,13 +17,12 @@ import msgspec
 import numpy as np
 
 import mainspring
-from mainspring.controller.service import ServedModel, ServiceError
 from mainspring.frontend.access import Access
 from mainspring.frontend.connections import DroppedClients
 from mainspring.frontend.errors import InferenceError
 from mainspring.frontend.extensions import check_priority, classify, refuse_sequence
 from mainspring.frontend.limits import RequestLimits
-from mainspring.frontend.port import ControllerPort
+from mainspring.frontend.port import ControllerPort, ServedModel, ServiceError
 from mainspring.models.repository import ModelLoadError, ModelRepository
 from mainspring.protocol import MAX_SLO_MS, Outcome
 from mainspring.protocol.tensors import DATATYPES, shape_matches

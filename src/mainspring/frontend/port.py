@@ -1,14 +1,41 @@
 """What the frontends need from the controller: ``ControllerService`` in the controller's process,
-``RemoteController`` (``frontend/remote.py``) in a frontend process of its own."""
+``RemoteController`` (``frontend/remote.py``) in a frontend process of its own; and the vocabulary they
+share (a served model, an answer, a refusal), here so that a frontend process imports neither the
+controller nor, through it, the policies."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mainspring.controller.service import Answer, ServedModel
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import Response
+from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
+
+Answer = tuple[Response, Any]  # one request's response, and its outputs when it was served
+
+
+class ServiceError(Exception):
+    """A request the service cannot take; ``kind`` is ``unavailable``, ``overloaded``, ``not_found`` or ``invalid``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class ServedModel:
+    config: ModelConfig
+    profile: ModelProfile
+    version: int = 1
+    key: str = ""  # what the policy and workers call it: its name, or ``name@n`` once reloaded in place
+    # (config and profile carry the name: they are what clients and frontend processes read)
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.config.name
 
 
 class ControllerPort(Protocol):

@@ -23,7 +23,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from mainspring.controller.service import Answer, ServedModel, ServiceError
+from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Response
 from mainspring.protocol.tensors import Sample

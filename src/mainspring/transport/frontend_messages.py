@@ -42,6 +42,15 @@ class Ask(msgspec.Struct, frozen=True, tag=True):
     seconds: float = 0.0
 
 
+# Why a client went without an answer read (``Dropped``; ``mainspring_client_disconnects_total``'s cause label).
+CAUSES = {
+    "hung_up": "hung up mid-request",
+    "header_timeout": "sent no complete headers in time (header_timeout_s)",
+    "body_timeout": "sent no complete body in time (body_timeout_s)",
+    "connection_limit": "were refused a connection (max_connections)",
+}
+
+
 class Dropped(msgspec.Struct, frozen=True, tag=True):
     """Clients this frontend saw go mid-request or cut off since its last ``Dropped``: (transport, cause, count)."""
 

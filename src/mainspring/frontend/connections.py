@@ -109,10 +109,8 @@ class _Watched(asyncio.Protocol):
         self._start_timer()  # a client that connects and never sends a byte is held no longer
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
+        if self._refused or self._answered_for_good:  # refused, or the rest of a body refused for being slow
             return
-        if self._answered_for_good:
-            return  # the rest of a body refused for being slow (the connection is closing)
         if self._between_requests:
             self._start_timer()
         self._handler.data_received(data)

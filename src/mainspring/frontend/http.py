@@ -57,10 +57,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             else {"error": error.message, "outcome": error.outcome.value}
         )
         response = web.json_response(body, status=error.status)
-        if error.status == 408:  # the rest of a body that came too slowly is not waited for
+        if error.status == 408:  # the rest of a body that came too slowly is not waited for (``_body``)
             response.force_close()
-            if (connection := request.app[GUARD].connection(request.transport)) is not None:
-                connection.close_after_answer()
         return response
     except ConnectionError:  # the client hung up mid-request: not the server's error, and nobody reads the answer
         _plane(request).dropped.record("http", "hung_up")
@@ -156,6 +154,8 @@ async def _body(request: web.Request) -> bytes:
             return await request.read()
     except TimeoutError:
         plane.dropped.record("http", "body_timeout")
+        if (connection := request.app[GUARD].connection(request.transport)) is not None:
+            connection.close_after_answer()
         raise InferenceError(408, f"request body not received within {timeout:g} s (body_timeout_s)") from None
 
 

@@ -53,7 +53,7 @@ from mainspring.worker.executor import Lane, ResultSink
 from mainspring.worker.pages import PagePool
 from mainspring.worker.runtimes.batches import as_tuple, check_batch, check_outputs
 from mainspring.worker.runtimes.cuda_graphs import GraphCapture, is_sticky_cuda_error
-from mainspring.worker.runtimes.host_weights import HostModel
+from mainspring.worker.runtimes.host_weights import HostModel, drop_weights
 from mainspring.worker.runtimes.input_buffers import SharedInputs, new_buffers
 
 log = logging.getLogger(__name__)
@@ -224,9 +224,7 @@ class TorchDevice:
         binding = self._bindings.pop(model, None)
         if binding is not None:
             self.inputs.release(binding.model.config)
-            # An exported module's graph holds reference cycles, so the module lives until a full cycle
-            # collection, which may not come for a long time: its parameters let go of the weights now.
-            self._bind(binding, [torch.empty(0, dtype=p.dtype, device=p.device) for p in binding.params])
+            drop_weights(binding.module)  # now, not at the cycle collection that frees an exported module
         self._resident.pop(model, None)
         self._served.discard(model)
         self.activation_peaks.pop(model, None)

@@ -16,6 +16,16 @@ from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
 from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.registry import make_scheduler
 from mainspring.scheduler.timed import TimedScheduler
+from mainspring.sim.cells import (
+    FIRST_REPLAN_NS,
+    Cell,
+    CellsConfig,
+    CellsSummary,
+    CellWiring,
+    Routing,
+    make_cells,
+    split_devices,
+)
 from mainspring.sim.collector import fewer_collections
 from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
 from mainspring.telemetry.recorder import Recorder
@@ -73,46 +83,20 @@ class SimulationResult:
     devices: list[EmulatedDevice]
     end_ns: int
     labels: dict[int, str] = field(default_factory=dict)  # request id -> its workload part's label
+    cells: CellsSummary | None = None  # with ``simulate(cells=...)``: each cell's controller core, the routing
 
 
 ProgressHook = Callable[[int], None]
 SchedulerWrapper = Callable[[Scheduler], Scheduler]  # e.g. to time or trace the policy
 
 
-class _Run:
-    """Wires controller, devices and arrivals onto one event loop."""
+class _Arrivals:
+    """Feeds a workload's arrivals to a run (follow-ups of closed loops included) and hears its answers."""
 
-    def __init__(
-        self,
-        policy: str,
-        profiles: Sequence[ModelProfile],
-        workload: Workload,
-        config: SimulationConfig,
-        wrap: SchedulerWrapper | None = None,
-        settings: Mapping[str, object] | None = None,
-    ) -> None:
+    def __init__(self, config: SimulationConfig, workload: Workload) -> None:
         self.loop = EventLoop()
         self.config = config
         self.workload = workload
-        self.recorder = Recorder()
-        by_name = {p.model: p for p in profiles}
-        specs = config.device_specs()
-        self.devices = [
-            EmulatedDevice(
-                spec, by_name, self.loop, self._result_sink, config.noise, _seed(config.seed, f"dev{spec.device}")
-            )
-            for spec in specs
-        ]
-        rng = random.Random(_seed(config.seed, "scheduler"))
-        # The margin covers the result's trip back, so that a batch planned to end on time is answered on time.
-        margin_ns = config.network_latency_ns
-        scheduler: Scheduler = make_scheduler(policy, by_name, specs, rng, margin_ns, settings, "--clockwork")
-        self.timed = TimedScheduler(scheduler)  # what a controller core pays for this policy, in every report
-        scheduler = self.timed if wrap is None else wrap(self.timed)
-        links = {d.spec.device: self._link(d) for d in self.devices}
-        self.controller = Controller(
-            scheduler, self.loop.clock, links, self._on_answer, self._wakeup, self.recorder, defer=self.loop.defer
-        )
         self._arrival_of: dict[int, Arrival] = {}
         self.labels: dict[int, str] = {}
         self._next_id = 0
@@ -120,15 +104,12 @@ class _Run:
         self._arrivals: Iterator[Arrival] = iter(())
         self.arrivals_done = False
 
-    def _link(self, device: EmulatedDevice) -> _DeviceLink:
-        return _DeviceLink(device, self.loop, self.config.network_latency_ns)
+    def submit(self, request: Request) -> None:
+        raise NotImplementedError
 
-    def _result_sink(self, result: ActionResult) -> None:
-        delay = self.config.network_latency_ns
-        self.loop.call_at(self.loop.now_ns() + delay, partial(self.controller.deliver, result), PRIORITY_RESULT)
-
-    def _wakeup(self, time_ns: int) -> None:
-        self.loop.call_at(time_ns, self.controller.wake, PRIORITY_WAKEUP)
+    @property
+    def outstanding(self) -> int:
+        raise NotImplementedError
 
     def start(self, arrivals: Iterable[Arrival]) -> None:
         self._arrivals = iter(arrivals)
@@ -152,7 +133,7 @@ class _Run:
         self._arrival_of[self._next_id] = arrival
         if arrival.label:
             self.labels[self._next_id] = arrival.label
-        self.controller.submit(Request(self._next_id, arrival.model, now, now + slo, slo))
+        self.submit(Request(self._next_id, arrival.model, now, now + slo, slo))
 
     def _on_answer(self, request: Request, response: Response, output: object) -> None:
         arrival = self._arrival_of.pop(request.id)
@@ -165,7 +146,173 @@ class _Run:
             )
 
     def done(self) -> bool:
-        return self.arrivals_done and self._followups == 0 and self.controller.outstanding == 0
+        return self.arrivals_done and self._followups == 0 and self.outstanding == 0
+
+
+class _Run(_Arrivals):
+    """Wires one controller, its devices and the arrivals onto one event loop."""
+
+    def __init__(
+        self,
+        policy: str,
+        profiles: Sequence[ModelProfile],
+        workload: Workload,
+        config: SimulationConfig,
+        wrap: SchedulerWrapper | None = None,
+        settings: Mapping[str, object] | None = None,
+    ) -> None:
+        super().__init__(config, workload)
+        self.recorder = Recorder()
+        by_name = {p.model: p for p in profiles}
+        specs = config.device_specs()
+        self.devices = [
+            EmulatedDevice(
+                spec, by_name, self.loop, self._result_sink, config.noise, _seed(config.seed, f"dev{spec.device}")
+            )
+            for spec in specs
+        ]
+        rng = random.Random(_seed(config.seed, "scheduler"))
+        # The margin covers the result's trip back, so that a batch planned to end on time is answered on time.
+        margin_ns = config.network_latency_ns
+        scheduler: Scheduler = make_scheduler(policy, by_name, specs, rng, margin_ns, settings, "--clockwork")
+        self.timed = TimedScheduler(scheduler)  # what a controller core pays for this policy, in every report
+        scheduler = self.timed if wrap is None else wrap(self.timed)
+        links = {d.spec.device: self._link(d) for d in self.devices}
+        self.controller = Controller(
+            scheduler, self.loop.clock, links, self._on_answer, self._wakeup, self.recorder, defer=self.loop.defer
+        )
+
+    def submit(self, request: Request) -> None:
+        self.controller.submit(request)
+
+    def shutdown(self, reason: str) -> None:
+        self.controller.shutdown(reason)
+
+    @property
+    def policy_cpu_ns(self) -> int:
+        return self.timed.cpu_ns
+
+    @property
+    def outstanding(self) -> int:
+        return self.controller.outstanding
+
+    def _link(self, device: EmulatedDevice) -> _DeviceLink:
+        return _DeviceLink(device, self.loop, self.config.network_latency_ns)
+
+    def _result_sink(self, result: ActionResult) -> None:
+        delay = self.config.network_latency_ns
+        self.loop.call_at(self.loop.now_ns() + delay, partial(self.controller.deliver, result), PRIORITY_RESULT)
+
+    def _wakeup(self, time_ns: int) -> None:
+        self.loop.call_at(time_ns, self.controller.wake, PRIORITY_WAKEUP)
+
+
+class _CellsRun(_Arrivals):
+    """Cells of devices, each behind a controller core of its own, and the routing between them."""
+
+    def __init__(
+        self,
+        policy: str,
+        profiles: Sequence[ModelProfile],
+        workload: Workload,
+        config: SimulationConfig,
+        cells: CellsConfig,
+        wrap: SchedulerWrapper | None = None,
+        settings: Mapping[str, object] | None = None,
+    ) -> None:
+        super().__init__(config, workload)
+        self._profiles = by_name = {p.model: p for p in profiles}
+        wiring = CellWiring(self.loop, cells.cost, wrap, self._answered)
+        self.cells = make_cells(
+            policy, by_name, split_devices(config.device_specs(), cells.cells), partial(_seed, config.seed),
+            self._devices, self._links, wiring, config.network_latency_ns, settings,
+        )  # fmt: skip
+        self.devices = [d for cell in self.cells for d in cell.devices]
+        self.routing = Routing(self.cells, by_name, cells)
+        self.cells_config = cells
+        self._retried: set[int] = set()
+        self._replan_every_ns = FIRST_REPLAN_NS
+        self.loop.call_at(FIRST_REPLAN_NS, self._replan, PRIORITY_WAKEUP)
+        self.loop.call_at(0, self._signal, PRIORITY_WAKEUP)
+
+    def _devices(self, specs: list[DeviceSpec], sink: Callable[[ActionResult], None]) -> list[EmulatedDevice]:
+        config = self.config
+        return [
+            EmulatedDevice(spec, self._profiles, self.loop, partial(self._result, sink), config.noise,
+                           _seed(config.seed, f"dev{spec.device}"))
+            for spec in specs
+        ]  # fmt: skip
+
+    def _links(self, devices: list[EmulatedDevice]) -> dict[int, Callable[[Action], None]]:
+        return {d.spec.device: _DeviceLink(d, self.loop, self.config.network_latency_ns).submit for d in devices}
+
+    def _result(self, sink: Callable[[ActionResult], None], result: ActionResult) -> None:
+        self.loop.call_at(self.loop.now_ns() + self.config.network_latency_ns, partial(sink, result), PRIORITY_RESULT)
+
+    def submit(self, request: Request) -> None:
+        self.routing.route(request, self.loop.now_ns()).submit(request)
+
+    @property
+    def outstanding(self) -> int:
+        return sum(cell.controller.outstanding for cell in self.cells)
+
+    @property
+    def policy_cpu_ns(self) -> int:
+        return sum(cell.timed.cpu_ns for cell in self.cells)
+
+    def _answered(self, cell: Cell, request: Request, response: Response, output: object) -> None:
+        now = self.loop.now_ns()
+        if request.id not in self._retried:
+            second = self.routing.second_cell(cell, request, response, now)
+            if second is not None:
+                self._retried.add(request.id)
+                second.submit(request)
+                return
+        elif response.status is ResponseStatus.SUCCESS:
+            self.routing.second_tries_served += 1
+        cell.recorder.on_answer(request, response, now)
+        self._on_answer(request, response, output)
+
+    def _replan(self) -> None:
+        self.routing.replan(self.loop.now_ns())
+        if not self.done():
+            self._replan_every_ns = min(2 * self._replan_every_ns, self.cells_config.replan_ns)
+            self.loop.call_at(self.loop.now_ns() + self._replan_every_ns, self._replan, PRIORITY_WAKEUP)
+
+    def _signal(self) -> None:
+        now = self.loop.now_ns()
+        for cell in self.cells:
+            if self.routing.shared.get(cell.index):
+                cell.core.post(partial(self.routing.publish_from, cell, now, self._after_delay))
+        if not self.done():
+            self.loop.call_at(now + self.cells_config.signal_period_ns, self._signal, PRIORITY_WAKEUP)
+
+    def _after_delay(self, publish: Callable[[], None]) -> None:
+        self.loop.call_at(self.loop.now_ns() + self.cells_config.signal_delay_ns, publish, PRIORITY_RESULT)
+
+    def shutdown(self, reason: str) -> None:
+        for cell in self.cells:
+            cell.core.flush()  # what its last turn decided, then the answers of what is left
+            cell.controller.shutdown(reason)
+
+    def merged_recorder(self) -> Recorder:
+        merged = Recorder()
+        for cell in self.cells:
+            merged.requests.extend(cell.recorder.requests)
+            merged.actions.extend(cell.recorder.actions)
+            merged.received += cell.recorder.received
+        merged.received -= len(self._retried)
+        merged.requests.sort(key=lambda row: row.request_id)
+        return merged
+
+    def summary(self) -> CellsSummary:
+        span = self.loop.now_ns()
+        routing = self.routing
+        return CellsSummary(
+            [cell.row(span) for cell in self.cells], routing.replans, routing.moves,
+            sum(1 for cells in routing.placement.values() if len(cells) > 1), routing.router.picks,
+            routing.router.second_tries, routing.second_tries_served,
+        )  # fmt: skip
 
 
 class _DeviceLink:
@@ -207,11 +354,17 @@ def simulate(
     progress: ProgressHook | None = None,
     wrap: SchedulerWrapper | None = None,
     settings: Mapping[str, object] | None = None,
+    cells: CellsConfig | None = None,
 ) -> SimulationResult:
     """Run ``policy`` on ``arrivals`` (default: generated from ``workload``) and report; ``settings``
-    change the clockwork policy's defaults (``ClockworkConfig`` field: value)."""
+    change the clockwork policy's defaults (``ClockworkConfig`` field: value). With ``cells``, the
+    devices are split into cells, each with a controller core whose CPU time is on the clock."""
     started = time.perf_counter()
-    run = _Run(policy, profiles, workload, config, wrap, settings)
+    run: _Run | _CellsRun
+    if cells is None:
+        run = _Run(policy, profiles, workload, config, wrap, settings)
+    else:
+        run = _CellsRun(policy, profiles, workload, config, cells, wrap, settings)
     run.start(arrivals if arrivals is not None else generate_arrivals(workload, profiles, config))
     limit = config.arrival_window_ns + config.drain_ns
     step = NS_PER_S
@@ -222,10 +375,11 @@ def simulate(
             run.loop.run(until_ns=horizon, stop=run.done)
             if progress is not None:
                 progress(min(run.loop.now_ns(), config.arrival_window_ns))
-    run.controller.shutdown("the simulation ended before this request was answered")
+    run.shutdown("the simulation ended before this request was answered")
     end = run.loop.now_ns()
+    recorder = run.recorder if isinstance(run, _Run) else run.merged_recorder()
     report = build_report(
-        run.recorder,
+        recorder,
         policy=policy,
         workload=workload.describe(),
         devices=config.devices,
@@ -236,6 +390,7 @@ def simulate(
         wall_s=time.perf_counter() - started,
         events=run.loop.events_processed,
         labels=run.labels,
-        policy_cpu_ns=run.timed.cpu_ns,
+        policy_cpu_ns=run.policy_cpu_ns,
     )
-    return SimulationResult(report, run.recorder, run.devices, end, run.labels)
+    summary = run.summary() if isinstance(run, _CellsRun) else None
+    return SimulationResult(report, recorder, run.devices, end, run.labels, summary)

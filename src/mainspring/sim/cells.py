@@ -1,0 +1,322 @@
+"""A simulated run over cells: devices split into groups, each planned by a controller core of its own.
+
+Each cell runs the unchanged policy over its own devices behind a ``ControllerCore``, which keeps the
+cell's controller busy for as long as the cost model says its policy took. A router sends each
+request to one of its model's cells (``cells/placement.py`` decides which cells serve a model, from
+the demand measured so far; ``cells/routing.py`` picks among them from each cell's load signal, which
+is computed on the cell's core, so it is as stale as a busy controller makes it, and reaches the
+router ``signal_delay_ns`` later). With one cell this is one controller with its CPU on the clock.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from mainspring.cells.cost import CLOCKWORK_COST, ControllerCost, CostedScheduler
+from mainspring.cells.placement import CellCapacity, ModelDemand, Placement, PlacementConfig, plan
+from mainspring.cells.routing import Costs, Router
+from mainspring.cells.signal import cell_signal
+from mainspring.controller import Controller
+from mainspring.models.profile import ModelProfile
+from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
+from mainspring.scheduler.base import Scheduler
+from mainspring.scheduler.registry import make_scheduler
+from mainspring.scheduler.timed import TimedScheduler
+from mainspring.sim.core import ControllerCore
+from mainspring.sim.engine import PRIORITY_WAKEUP, EventLoop
+from mainspring.telemetry.recorder import Recorder
+from mainspring.time import NS_PER_MS, NS_PER_S
+from mainspring.worker.runtimes.emulated import EmulatedDevice
+
+FIRST_REPLAN_NS = NS_PER_S // 4  # re-plans come at 0.25 s, then twice as far apart up to ``replan_ns``
+
+
+@dataclass(frozen=True)
+class CellsConfig:
+    cells: int = 1
+    cost: ControllerCost = CLOCKWORK_COST
+    signal_period_ns: int = 5 * NS_PER_MS
+    signal_delay_ns: int = 1 * NS_PER_MS  # from a cell to the routers
+    replan_ns: int = 2 * NS_PER_S
+    handover_ns: int = NS_PER_S  # a moved model is served by its old and new cells for this long
+    retry_rejected: bool = False  # a rejection is tried again on a cell whose signal says it can make it
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+
+    def __post_init__(self) -> None:
+        if self.cells < 1:
+            raise ValueError(f"cells must be at least 1, got {self.cells}")
+        for name in ("signal_period_ns", "replan_ns"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("signal_delay_ns", "handover_ns"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+
+
+def split_devices(specs: Sequence[DeviceSpec], cells: int) -> list[list[DeviceSpec]]:
+    """``cells`` runs of consecutive devices, their sizes at most one apart."""
+    if not 1 <= cells <= len(specs):
+        raise ValueError(f"cannot split {len(specs)} device(s) into {cells} cell(s): each cell needs a device")
+    size, extra = divmod(len(specs), cells)
+    groups: list[list[DeviceSpec]] = []
+    start = 0
+    for index in range(cells):
+        end = start + size + (1 if index < extra else 0)
+        groups.append(list(specs[start:end]))
+        start = end
+    return groups
+
+
+@dataclass(frozen=True)
+class CellRow:
+    cell: int
+    devices: int
+    requests: int  # routed to it (second tries included)
+    busy: float  # share of the run its controller core was deciding
+    cost_us_per_request: float  # modelled controller time per request routed to it
+    most_waited_ms: float  # the longest an event waited for its core
+
+
+@dataclass(frozen=True)
+class CellsSummary:
+    cells: list[CellRow]
+    replans: int
+    moves: int  # a model's cells changed at a re-plan
+    replicated: int  # models served by more than one cell at the end
+    routed_by_signal: int
+    second_tries: int
+    second_tries_served: int
+
+    @property
+    def cores(self) -> int:
+        return len(self.cells)
+
+
+class _Unanswered:
+    """A cell's observer: its recorder, except answers, which the run records when they leave the core."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def on_request(self, request: Request, now_ns: int) -> None:
+        self.recorder.on_request(request, now_ns)
+
+    def on_action(self, action: Action, now_ns: int) -> None:
+        self.recorder.on_action(action, now_ns)
+
+    def on_result(self, result: ActionResult, action: Action, now_ns: int) -> None:
+        self.recorder.on_result(result, action, now_ns)
+
+    def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
+        pass
+
+
+class _CoreLink:
+    """An action leaves when the core's turn ends, then crosses the network."""
+
+    def __init__(self, core: ControllerCore, submit: Callable[[Action], None]) -> None:
+        self._core = core
+        self._submit = submit
+
+    def submit(self, action: Action) -> None:
+        self._core.send(partial(self._submit, action))
+
+
+AnswerHook = Callable[["Cell", Request, Response, object], None]
+
+
+class Cell:
+    """One controller core, its policy and its devices."""
+
+    def __init__(
+        self,
+        index: int,
+        specs: list[DeviceSpec],
+        scheduler: Scheduler,
+        devices: list[EmulatedDevice],
+        links: Mapping[int, Callable[[Action], None]],
+        run: CellWiring,
+    ) -> None:
+        self.index = index
+        self.specs = specs
+        self.policy = scheduler
+        self.timed = TimedScheduler(scheduler)
+        wrapped = self.timed if run.wrap is None else run.wrap(self.timed)
+        self.costed = CostedScheduler(wrapped, run.cost, len(specs))
+        self.core = ControllerCore(run.loop, self.costed)
+        self.devices = devices
+        self.recorder = Recorder()
+        self.requests = 0
+        core_links = {device: _CoreLink(self.core, submit) for device, submit in links.items()}
+        self.controller = Controller(
+            self.costed,
+            run.loop.clock,
+            core_links,
+            partial(self._answered, run.answered),
+            self._wakeup,
+            _Unanswered(self.recorder),
+            defer=self.core.defer,
+        )
+        self._loop = run.loop
+
+    def submit(self, request: Request) -> None:
+        self.requests += 1
+        self.core.post(partial(self.controller.submit, request))
+
+    def deliver(self, result: ActionResult) -> None:
+        self.core.post(partial(self.controller.deliver, result))
+
+    def _wakeup(self, time_ns: int) -> None:
+        self._loop.call_at(time_ns, partial(self.core.post, self.controller.wake), PRIORITY_WAKEUP)
+
+    def _answered(self, hook: AnswerHook, request: Request, response: Response, output: object) -> None:
+        self.core.send(partial(hook, self, request, response, output))
+
+    def row(self, span_ns: int) -> CellRow:
+        return CellRow(
+            self.index,
+            len(self.specs),
+            self.requests,
+            self.core.busy_ns / max(span_ns, 1),
+            self.costed.total_ns / 1000 / max(self.requests, 1),
+            self.core.most_waited_ns / NS_PER_MS,
+        )
+
+
+@dataclass
+class CellWiring:
+    """What every cell shares of the run."""
+
+    loop: EventLoop
+    cost: ControllerCost
+    wrap: Callable[[Scheduler], Scheduler] | None
+    answered: AnswerHook
+
+
+def demand_of(profile: ModelProfile, rate_rps: float) -> ModelDemand:
+    return ModelDemand(profile.model, profile.weights_bytes, rate_rps, routing_costs(profile).work_ns)
+
+
+def routing_costs(profile: ModelProfile) -> Costs:
+    work = min(ns // size for size, ns in profile.exec_ns.items())
+    return Costs(profile.exec_time_ns(1), work, profile.load_ns)
+
+
+def capacities(cells: Sequence[Cell]) -> list[CellCapacity]:
+    return [CellCapacity(c.index, len(c.specs), sum(s.total_pages * s.page_bytes for s in c.specs)) for c in cells]
+
+
+def make_cells(
+    policy: str,
+    by_name: Mapping[str, ModelProfile],
+    groups: list[list[DeviceSpec]],
+    seed_of: Callable[[str], int],
+    build_devices: Callable[[list[DeviceSpec], Callable[[ActionResult], None]], list[EmulatedDevice]],
+    links_of: Callable[[list[EmulatedDevice]], Mapping[int, Callable[[Action], None]]],
+    wiring: CellWiring,
+    margin_ns: int,
+    settings: Mapping[str, object] | None,
+) -> list[Cell]:
+    cells: list[Cell] = []
+    for index, specs in enumerate(groups):
+        rng = random.Random(seed_of(f"scheduler{index}"))
+        scheduler = make_scheduler(policy, by_name, specs, rng, margin_ns, settings, "--clockwork")
+        sink = _LateSink()
+        devices = build_devices(specs, sink)
+        cell = Cell(index, specs, scheduler, devices, links_of(devices), wiring)
+        sink.cell = cell
+        cells.append(cell)
+    return cells
+
+
+class _LateSink:
+    """A device's result sink, bound to its cell once the cell exists."""
+
+    cell: Cell | None = None
+
+    def __call__(self, result: ActionResult) -> None:
+        assert self.cell is not None
+        self.cell.deliver(result)
+
+
+class Routing:
+    """The placement (re-planned from measured demand) and the router over the cells' signals."""
+
+    def __init__(self, cells: list[Cell], by_name: Mapping[str, ModelProfile], config: CellsConfig) -> None:
+        self.cells = cells
+        self.config = config
+        self.router = Router()
+        self._profiles = by_name
+        self._costs = {name: routing_costs(p) for name, p in by_name.items()}
+        self._capacities = capacities(cells)
+        self._arrivals: dict[str, int] = {}
+        self._rates: dict[str, float] = {}
+        self.placement: Placement = plan(self._capacities, (demand_of(p, 0.0) for p in by_name.values()), None,
+                                         config.placement)  # fmt: skip
+        self._serving: dict[str, tuple[int, ...]] = dict(self.placement)  # the placement and models handed over
+        self._handover: dict[str, int] = {}  # model -> when its old cells stop serving it
+        self.shared: dict[int, list[str]] = {}  # cell -> models it serves with other cells (its signal)
+        self._share()
+        self.replans = 0
+        self.moves = 0
+        self.second_tries_served = 0
+        self._last_replan_ns = 0
+
+    def cells_of(self, model: str) -> tuple[int, ...]:
+        return self._serving.get(model) or (0,)
+
+    def route(self, request: Request, now_ns: int) -> Cell:
+        self._arrivals[request.model] = self._arrivals.get(request.model, 0) + 1
+        cells = self.cells_of(request.model)
+        costs = self._costs.get(request.model) or Costs(0, 0, 0)
+        return self.cells[self.router.pick(request.model, cells, now_ns, costs)]
+
+    def second_cell(self, cell: Cell, request: Request, response: Response, now_ns: int) -> Cell | None:
+        if not self.config.retry_rejected or response.outcome is not Outcome.DEADLINE_AT_ARRIVAL:
+            return None
+        costs = self._costs.get(request.model)
+        if costs is None:
+            return None
+        cells = self.cells_of(request.model)
+        chosen = self.router.second_choice(request.model, cells, cell.index, now_ns, request.deadline_ns, costs)
+        return None if chosen is None else self.cells[chosen]
+
+    def replan(self, now_ns: int) -> None:
+        """New rates from the arrivals since the last re-plan (halfway to the last rate), then the plan."""
+        seconds = max(now_ns - self._last_replan_ns, 1) / NS_PER_S
+        self._last_replan_ns = now_ns
+        for name in set(self._rates) | set(self._arrivals):
+            measured = self._arrivals.get(name, 0) / seconds
+            self._rates[name] = measured if name not in self._rates else (self._rates[name] + measured) / 2
+        self._arrivals.clear()
+        demands = (demand_of(p, self._rates.get(name, 0.0)) for name, p in self._profiles.items())
+        placement = plan(self._capacities, demands, self.placement, self.config.placement)
+        for name, cells in placement.items():
+            old = self.placement.get(name, ())
+            if cells != old:
+                self.moves += 1
+                self._serving[name] = tuple(sorted(set(cells) | set(old)))
+                self._handover[name] = now_ns + self.config.handover_ns
+        self.placement = placement
+        for name in [n for n, until in self._handover.items() if until <= now_ns]:
+            del self._handover[name]
+            self._serving[name] = self.placement[name]
+        self.replans += 1
+        self._share()
+
+    def _share(self) -> None:
+        self.shared = {}
+        for name, cells in sorted(self._serving.items()):
+            if len(cells) > 1:
+                for cell in cells:
+                    self.shared.setdefault(cell, []).append(name)
+
+    def publish_from(self, cell: Cell, now_ns: int, deliver: Callable[[Callable[[], None]], None]) -> None:
+        """Computed on the cell's core (and charged to it), handed to the routers once its turn ends."""
+        models = self.shared.get(cell.index, [])
+        signal = cell_signal(cell.index, cell.policy, len(cell.specs), now_ns, models)
+        cell.costed.charge(self.config.cost.schedule(len(cell.specs), 0, 0))
+        cell.core.send(partial(deliver, partial(self.router.publish, signal)))

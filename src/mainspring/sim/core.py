@@ -1,0 +1,89 @@
+"""One controller core on the simulated clock: the controller's CPU time charged to simulated time.
+
+Events for the controller (a request, a result, a wake-up) wait in an inbox while the core is busy.
+A turn takes every waiting event, runs them and one scheduling pass at the turn's start, and keeps
+the core busy for as long as the cost model says the policy took (``cells/cost.py``); what the turn
+decided (actions to devices, answers to clients) leaves when it ends. So an overloaded controller
+plans late and answers late, as a live one does, and a worker refuses the actions whose window
+passed while the controller was still deciding. With every cost zero a turn takes no time and a
+run is the same as without a core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mainspring.cells.cost import CostedScheduler
+from mainspring.sim.engine import PRIORITY_RESULT, EventLoop
+
+Event = Callable[[], None]
+
+
+class ControllerCore:
+    def __init__(self, loop: EventLoop, costed: CostedScheduler) -> None:
+        self._loop = loop
+        self._costed = costed
+        self._inbox: list[tuple[int, Event]] = []  # (posted at, event)
+        self._passes: list[Event] = []
+        self._outbox: list[Event] = []
+        self._busy = False
+        self._turn_due = False
+        self.busy_ns = 0  # simulated time this core spent deciding
+        self.turns = 0
+        self.waited_ns = 0  # what events waited for the core, added up
+        self.most_waited_ns = 0  # the longest one event waited
+        self.events = 0
+
+    def post(self, event: Event) -> None:
+        """``event`` runs on the controller in the next turn (at this instant, if the core is free)."""
+        self._inbox.append((self._loop.now_ns(), event))
+        self._start_soon()
+
+    def defer(self, callback: Event) -> None:
+        """The controller's ``defer``: its pass runs at the end of this turn, after the turn's events."""
+        self._passes.append(callback)
+
+    def send(self, output: Event) -> None:
+        """What the turn decided; it leaves when the turn ends."""
+        if self._busy:
+            self._outbox.append(output)
+        else:
+            output()
+
+    def flush(self) -> None:
+        """Hand out what the current turn decided now (the run is over)."""
+        self._release()
+
+    def _start_soon(self) -> None:
+        if not self._busy and not self._turn_due:
+            self._turn_due = True
+            self._loop.defer(self._turn)
+
+    def _turn(self) -> None:
+        self._turn_due = False
+        self._busy = True
+        events, self._inbox = self._inbox, []
+        now = self._loop.now_ns()
+        for posted_ns, event in events:
+            waited = now - posted_ns
+            self.waited_ns += waited
+            self.most_waited_ns = max(self.most_waited_ns, waited)
+            event()
+        self.events += len(events)
+        while self._passes:
+            self._passes.pop(0)()
+        busy = self._costed.take()
+        self.turns += 1
+        self.busy_ns += busy
+        if busy == 0:
+            self._release()
+        else:
+            self._loop.call_at(self._loop.now_ns() + busy, self._release, PRIORITY_RESULT)
+
+    def _release(self) -> None:
+        outputs, self._outbox = self._outbox, []
+        self._busy = False
+        for output in outputs:
+            output()
+        if self._inbox:
+            self._start_soon()

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 from mainspring.cli_bench import add_bench, run_bench
@@ -24,6 +25,7 @@ from mainspring.protocol import MAX_SLO_MS
 from mainspring.protocol.pages import MIB
 from mainspring.scheduler.registry import SETTABLE, clockwork_config, parse_policies, policy_names
 from mainspring.settings import key_values
+from mainspring.sim.cells import CellsConfig, format_cells
 from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
 from mainspring.telemetry.report import format_table
 from mainspring.time import NS_PER_S, ms_to_ns, s_to_ns
@@ -65,6 +67,18 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--noise", choices=("default", "exact"), default="default", help="duration noise model")
     p.add_argument("--device-memory-gib", type=float, default=32.0, help="weight pool per device (default 32)")
     p.add_argument("--page-mib", type=int, default=16, help="page size (default 16 MiB)")
+    p.add_argument(
+        "--cells",
+        type=int,
+        default=0,
+        help="split the devices into this many cells, each planned by a controller core whose CPU time is on "
+        "the simulated clock (docs/simulator.md); 0 (default): one controller that costs no time",
+    )
+    p.add_argument(
+        "--retry-rejected",
+        action="store_true",
+        help="with --cells: try a rejected request once more on another cell whose signal says it can make it",
+    )
     p.add_argument("--json", type=Path, help="write the results as JSON here")
     p.add_argument("--plot", type=Path, help="write PNG plots into this folder")
     p.add_argument("--log-dir", type=Path, help="write request and action logs (TSV) into this folder")
@@ -112,6 +126,14 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
     )
 
 
+def _cells(args: argparse.Namespace) -> CellsConfig | None:
+    if args.cells < 0 or args.cells > args.devices:
+        raise CliError(f"--cells must be between 0 and --devices ({args.devices}), got {args.cells}")
+    if args.retry_rejected and not args.cells:
+        raise CliError("--retry-rejected needs --cells")
+    return CellsConfig(args.cells, retry_rejected=args.retry_rejected) if args.cells else None
+
+
 def _run_simulate(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policy)
     clockwork = key_values(args.clockwork, "--clockwork")
@@ -119,6 +141,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         raise CliError(f"--clockwork settings apply to policy clockwork, which --policy {args.policy} leaves out")
     clockwork_config(clockwork, "--clockwork")  # every setting checked before the first run
     config = _config(args)
+    cells = _cells(args)
     workload = workload_from(args)
     profiles = _profiles(args)
     prepare_outputs({"--json": args.json}, {"--log-dir": args.log_dir, "--plot": args.plot})
@@ -128,11 +151,17 @@ def _run_simulate(args: argparse.Namespace) -> int:
     results: dict[str, SimulationResult] = {}
     for policy in policies:
         settings = clockwork if policy in SETTABLE else None
-        results[policy] = _simulate_with_progress(policy, profiles, workload, config, arrivals, args.quiet, settings)
+        results[policy] = _simulate_with_progress(
+            policy, profiles, workload, config, arrivals, args.quiet, settings, cells
+        )
     reports = [r.report for r in results.values()]
     print(format_table(reports))
+    for policy, result in results.items():
+        if result.cells is not None:
+            print(f"\n{policy}: " + format_cells(result.cells))
     if args.json is not None:
-        args.json.write_text(json.dumps({"results": [r.to_json() for r in reports]}, indent=2) + "\n")
+        rows = [r.report.to_json() | ({} if r.cells is None else {"cells": asdict(r.cells)}) for r in results.values()]
+        args.json.write_text(json.dumps({"results": rows}, indent=2) + "\n")
     if args.log_dir is not None:
         for policy, result in results.items():
             result.recorder.write_logs(args.log_dir, policy)
@@ -151,6 +180,7 @@ def _simulate_with_progress(
     arrivals: list[Arrival],
     quiet: bool,
     settings: Mapping[str, object] | None,
+    cells: CellsConfig | None,
 ) -> SimulationResult:
     from tqdm import tqdm
 
@@ -160,7 +190,7 @@ def _simulate_with_progress(
         def advance(now_ns: int) -> None:
             bar.update(round(now_ns / NS_PER_S - bar.n, 1))
 
-        return simulate(policy, profiles, workload, config, arrivals, progress=advance, settings=settings)
+        return simulate(policy, profiles, workload, config, arrivals, advance, settings=settings, cells=cells)
 
 
 def _run_analyze(args: argparse.Namespace) -> int:

@@ -37,6 +37,10 @@ class PolicyBookkeeping:
         responses, self._responses = self._responses, []
         return responses
 
+    def number_actions_from(self, first: int) -> None:
+        """Action ids start at ``first`` (cells: each cell's ids apart from the others', in merged logs)."""
+        self._next_action_id = first - 1
+
     def _new_action_id(self) -> int:
         self._next_action_id += 1
         return self._next_action_id

@@ -23,6 +23,7 @@ from mainspring.controller import Controller
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
 from mainspring.scheduler.base import Scheduler
+from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.scheduler.registry import make_scheduler
 from mainspring.scheduler.timed import TimedScheduler
 from mainspring.sim.core import ControllerCore
@@ -31,6 +32,7 @@ from mainspring.telemetry.recorder import Recorder
 from mainspring.time import NS_PER_MS, NS_PER_S
 from mainspring.worker.runtimes.emulated import EmulatedDevice
 
+CELL_ACTION_IDS = 1 << 40  # each cell numbers its actions from its index times this
 FIRST_REPLAN_NS = NS_PER_S // 4  # re-plans come at 0.25 s, then twice as far apart up to ``replan_ns``
 
 
@@ -43,6 +45,9 @@ class CellsConfig:
     replan_ns: int = 2 * NS_PER_S
     handover_ns: int = NS_PER_S  # a moved model is served by its old and new cells for this long
     retry_rejected: bool = False  # a rejection is tried again on a cell whose signal says it can make it
+    # A cell whose controller is this far behind refuses new requests at once, as ``serve`` does
+    # (``max_loop_lag_ms``, half the SLO by default); None: the simulation's SLO halved.
+    max_lag_ns: int | None = None
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     def __post_init__(self) -> None:
@@ -51,8 +56,8 @@ class CellsConfig:
         for name in ("signal_period_ns", "replan_ns"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("signal_delay_ns", "handover_ns"):
-            if getattr(self, name) < 0:
+        for name in ("signal_delay_ns", "handover_ns", "max_lag_ns"):
+            if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
 
 
@@ -75,6 +80,7 @@ class CellRow:
     cell: int
     devices: int
     requests: int  # routed to it (second tries included)
+    refused: int  # of those, refused at once because its controller was too far behind
     busy: float  # share of the run its controller core was deciding
     cost_us_per_request: float  # modelled controller time per request routed to it
     most_waited_ms: float  # the longest an event waited for its core
@@ -93,6 +99,23 @@ class CellsSummary:
     @property
     def cores(self) -> int:
         return len(self.cells)
+
+
+def format_cells(summary: CellsSummary) -> str:
+    """Each cell's controller core, and what the routing did."""
+    lines = [
+        f"{summary.cores} controller core(s); {summary.replans} re-plans moved {summary.moves} model(s); "
+        f"{summary.replicated} model(s) in more than one cell; {summary.routed_by_signal:,} requests routed by "
+        f"signal; {summary.second_tries:,} second tries ({summary.second_tries_served:,} served)",
+        f"{'cell':>4} {'devices':>7} {'requests':>9} {'refused':>8} {'core busy':>9} {'us/request':>10}"
+        f" {'longest wait ms':>15}",
+    ]
+    lines += [
+        f"{c.cell:>4} {c.devices:>7} {c.requests:>9,} {c.refused:>8,} {c.busy:>9.1%} {c.cost_us_per_request:>10.1f}"
+        f" {c.most_waited_ms:>15.2f}"
+        for c in summary.cells
+    ]
+    return "\n".join(lines)
 
 
 class _Unanswered:
@@ -150,6 +173,9 @@ class Cell:
         self.devices = devices
         self.recorder = Recorder()
         self.requests = 0
+        self.refused = 0  # by the overload guard
+        self._waiting = 0
+        self._unreleased = 0
         core_links = {device: _CoreLink(self.core, submit) for device, submit in links.items()}
         self.controller = Controller(
             self.costed,
@@ -162,9 +188,28 @@ class Cell:
         )
         self._loop = run.loop
 
+    @property
+    def outstanding(self) -> int:
+        """Requests not yet answered to the client: waiting for the core, in the policy, or decided on
+        in a turn that has not ended."""
+        return self._waiting + self.controller.outstanding + self._unreleased
+
     def submit(self, request: Request) -> None:
         self.requests += 1
-        self.core.post(partial(self.controller.submit, request))
+        self._waiting += 1
+        self.core.post(partial(self._take, request))
+
+    def _take(self, request: Request) -> None:
+        self._waiting -= 1
+        self.controller.submit(request)
+
+    def refuse(self, request: Request, lag_ns: int, now_ns: int, answer: AnswerHook) -> None:
+        """Its controller is too far behind to take ``request``: refused before it reaches the policy."""
+        self.requests += 1
+        self.refused += 1
+        self.recorder.on_request(request, now_ns)
+        reason = f"the controller is {lag_ns / NS_PER_MS:.0f} ms behind (max_loop_lag_ms)"
+        answer(self, request, Response(request.id, Outcome.OVERLOADED, reason), None)
 
     def deliver(self, result: ActionResult) -> None:
         self.core.post(partial(self.controller.deliver, result))
@@ -173,13 +218,19 @@ class Cell:
         self._loop.call_at(time_ns, partial(self.core.post, self.controller.wake), PRIORITY_WAKEUP)
 
     def _answered(self, hook: AnswerHook, request: Request, response: Response, output: object) -> None:
-        self.core.send(partial(hook, self, request, response, output))
+        self._unreleased += 1
+        self.core.send(partial(self._release, hook, request, response, output))
+
+    def _release(self, hook: AnswerHook, request: Request, response: Response, output: object) -> None:
+        self._unreleased -= 1
+        hook(self, request, response, output)
 
     def row(self, span_ns: int) -> CellRow:
         return CellRow(
             self.index,
             len(self.specs),
             self.requests,
+            self.refused,
             self.core.busy_ns / max(span_ns, 1),
             self.costed.total_ns / 1000 / max(self.requests, 1),
             self.core.most_waited_ns / NS_PER_MS,
@@ -224,6 +275,8 @@ def make_cells(
     for index, specs in enumerate(groups):
         rng = random.Random(seed_of(f"scheduler{index}"))
         scheduler = make_scheduler(policy, by_name, specs, rng, margin_ns, settings, "--clockwork")
+        if isinstance(scheduler, PolicyBookkeeping):
+            scheduler.number_actions_from(index * CELL_ACTION_IDS + 1)
         sink = _LateSink()
         devices = build_devices(specs, sink)
         cell = Cell(index, specs, scheduler, devices, links_of(devices), wiring)

@@ -1,9 +1,9 @@
 """One controller core on the simulated clock: the controller's CPU time charged to simulated time.
 
 Events for the controller (a request, a result, a wake-up) wait in an inbox while the core is busy.
-A turn takes every waiting event, runs them and one scheduling pass at the turn's start, and keeps
-the core busy for as long as the cost model says the policy took (``cells/cost.py``); what the turn
-decided (actions to devices, answers to clients) leaves when it ends. So an overloaded controller
+A turn takes every waiting event in, for as long as the cost model says the policy took
+(``cells/cost.py``), then runs one scheduling pass at that moment, for as long as it takes; what the
+turn decided (actions to devices, answers to clients) leaves when the pass ends. So an overloaded controller
 plans late and answers late, as a live one does, and a worker refuses the actions whose window
 passed while the controller was still deciding. With every cost zero a turn takes no time and a
 run is the same as without a core.
@@ -50,6 +50,10 @@ class ControllerCore:
         else:
             output()
 
+    def lag_ns(self, now_ns: int) -> int:
+        """How long the oldest waiting event has waited (what a live controller's late timer shows)."""
+        return now_ns - self._inbox[0][0] if self._inbox else 0
+
     def flush(self) -> None:
         """Hand out what the current turn decided now (the run is over)."""
         self._release()
@@ -70,15 +74,21 @@ class ControllerCore:
             self.most_waited_ns = max(self.most_waited_ns, waited)
             event()
         self.events += len(events)
+        self.turns += 1
+        self._after(self._costed.take(), self._pass)
+
+    def _pass(self) -> None:
+        """The scheduling pass reads the clock once the turn's events are taken in, as live."""
         while self._passes:
             self._passes.pop(0)()
-        busy = self._costed.take()
-        self.turns += 1
-        self.busy_ns += busy
-        if busy == 0:
-            self._release()
+        self._after(self._costed.take(), self._release)
+
+    def _after(self, busy_ns: int, then: Event) -> None:
+        self.busy_ns += busy_ns
+        if busy_ns == 0:
+            then()
         else:
-            self._loop.call_at(self._loop.now_ns() + busy, self._release, PRIORITY_RESULT)
+            self._loop.call_at(self._loop.now_ns() + busy_ns, then, PRIORITY_RESULT)
 
     def _release(self) -> None:
         outputs, self._outbox = self._outbox, []

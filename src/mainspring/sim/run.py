@@ -230,6 +230,7 @@ class _CellsRun(_Arrivals):
         self.devices = [d for cell in self.cells for d in cell.devices]
         self.routing = Routing(self.cells, by_name, cells)
         self.cells_config = cells
+        self._max_lag_ns = cells.max_lag_ns if cells.max_lag_ns is not None else config.slo_ns // 2
         self._retried: set[int] = set()
         self._replan_every_ns = FIRST_REPLAN_NS
         self.loop.call_at(FIRST_REPLAN_NS, self._replan, PRIORITY_WAKEUP)
@@ -250,11 +251,17 @@ class _CellsRun(_Arrivals):
         self.loop.call_at(self.loop.now_ns() + self.config.network_latency_ns, partial(sink, result), PRIORITY_RESULT)
 
     def submit(self, request: Request) -> None:
-        self.routing.route(request, self.loop.now_ns()).submit(request)
+        now = self.loop.now_ns()
+        cell = self.routing.route(request, now)
+        lag = cell.core.lag_ns(now)
+        if lag > self._max_lag_ns:
+            cell.refuse(request, lag, now, self._answered)
+        else:
+            cell.submit(request)
 
     @property
     def outstanding(self) -> int:
-        return sum(cell.controller.outstanding for cell in self.cells)
+        return sum(cell.outstanding for cell in self.cells)
 
     @property
     def policy_cpu_ns(self) -> int:

@@ -29,8 +29,8 @@ from mainspring.frontend.port import ServiceError
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.protocol import DeviceSpec, ResponseStatus
 from mainspring.protocol.pages import DEFAULT_POOL_BYTES
-from mainspring.transport.inprocess import InProcessWorker
 from mainspring.worker.emulated_worker import EmulatedWorker
+from mainspring.worker.inprocess import InProcessWorker
 
 SLO_MS = 100.0
 

@@ -39,8 +39,8 @@ from mainspring.frontend.http import make_app
 from mainspring.frontend.remote import FrontendSpec
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import DeviceSpec, ResponseStatus
-from mainspring.transport.inprocess import InProcessWorker
 from mainspring.worker.emulated_worker import EmulatedWorker
+from mainspring.worker.inprocess import InProcessWorker
 from mainspring.worker.runtimes.emulated import NoiseModel
 
 BODY = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()

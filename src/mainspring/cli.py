@@ -20,7 +20,8 @@ from mainspring.cli_workload import (
     refuse_a_rate_past,
     workload_from,
 )
-from mainspring.models.profile import ModelProfile, model_copies, profiles_from
+from mainspring.models.profile import ModelProfile, model_copies
+from mainspring.models.repository import profiles_from
 from mainspring.protocol import MAX_SLO_MS
 from mainspring.protocol.pages import MIB
 from mainspring.scheduler.registry import SETTABLE, clockwork_config, parse_policies, policy_names

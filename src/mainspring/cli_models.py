@@ -76,8 +76,9 @@ def run_zoo(args: argparse.Namespace) -> int:
 def run_profile(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from mainspring.models.errors import ModelLoadError
     from mainspring.models.profiler import ActionRunner, ProfilerSettings, measure_exec, measure_load, profile_from
-    from mainspring.models.repository import ModelLoadError, ModelRepository
+    from mainspring.models.repository import ModelRepository
     from mainspring.protocol import LoadWeights
     from mainspring.worker.torch_worker import TorchWorker
 

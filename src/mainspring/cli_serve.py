@@ -158,7 +158,8 @@ def _torch_worker(args: argparse.Namespace, on_lost: Callable[[str], None]) -> C
 
 def _emulated_worker(args: argparse.Namespace) -> Callable[[Any], Any]:
     """``--count`` emulated devices of the profiles' kind serving ``--emulate``'s profiles (``--models`` copies)."""
-    from mainspring.models.profile import model_copies, profiles_from
+    from mainspring.models.profile import model_copies
+    from mainspring.models.repository import profiles_from
     from mainspring.protocol import DeviceSpec
     from mainspring.protocol.pages import DEFAULT_POOL_BYTES, MIB
     from mainspring.worker.emulated_worker import EmulatedWorker

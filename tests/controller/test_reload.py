@@ -13,7 +13,7 @@ from mainspring.controller.service import ControllerService
 from mainspring.frontend.dataplane import DataPlane, InferenceError
 from mainspring.frontend.port import ServiceError
 from mainspring.protocol.models import ModelOperation, ModelTarget
-from mainspring.transport.inprocess import InProcessWorker
+from mainspring.worker.inprocess import InProcessWorker
 from tests.controller.test_service import emulated, tensor, with_service
 from tests.fakes import profile
 from tests.waiting import until

@@ -11,8 +11,8 @@ from mainspring.controller.repository_poll import RepositoryPoller
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.dataplane import DataPlane
 from mainspring.models.repository import ModelRepository
-from mainspring.transport.inprocess import InProcessWorker
 from mainspring.worker.emulated_worker import echo_config
+from mainspring.worker.inprocess import InProcessWorker
 from tests.controller.test_service import with_service
 
 

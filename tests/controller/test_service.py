@@ -14,8 +14,8 @@ from mainspring.controller.service import ControllerService
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import DeviceSpec, Outcome
-from mainspring.transport.inprocess import InProcessWorker
 from mainspring.worker.emulated_worker import EmulatedWorker
+from mainspring.worker.inprocess import InProcessWorker
 from mainspring.worker.runtimes.emulated import NoiseModel
 from tests.fakes import profile
 from tests.waiting import until

@@ -22,7 +22,7 @@ from mainspring.frontend.dataplane import DataPlane
 from mainspring.frontend.grpc import start_grpc
 from mainspring.frontend.http import start_http
 from mainspring.frontend.limits import RequestLimits
-from mainspring.transport.inprocess import InProcessWorker
+from mainspring.worker.inprocess import InProcessWorker
 from tests.controller.test_service import with_service
 from tests.serving.processes import free_ports
 from tests.waiting import until

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from mainspring.models.errors import ModelLoadError
 from mainspring.models.loading import load_module
-from mainspring.models.repository import ModelLoadError, ModelRepository
+from mainspring.models.repository import ModelRepository
 from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.tensors import TensorSpec
 

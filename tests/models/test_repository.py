@@ -8,8 +8,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from mainspring.models.errors import ModelLoadError
 from mainspring.models.profile import ModelProfile
-from mainspring.models.repository import ModelLoadError, ModelRepository
+from mainspring.models.repository import ModelRepository
 from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.tensors import TensorSpec
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mainspring.models.repository import ModelLoadError, ModelRepository
+from mainspring.models.errors import ModelLoadError
+from mainspring.models.repository import ModelRepository
 from tests.onnx_models import build_triton_repo
 
 

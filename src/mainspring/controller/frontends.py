@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.port import ServiceError
-from mainspring.models.repository import ModelLoadError
+from mainspring.models.errors import ModelLoadError
 from mainspring.protocol import Outcome
 from mainspring.protocol.models import ModelInfo
 from mainspring.protocol.tensors import Sample

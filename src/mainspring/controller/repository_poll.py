@@ -15,7 +15,8 @@ import logging
 
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.port import ServiceError
-from mainspring.models.repository import ModelLoadError, ModelRepository
+from mainspring.models.errors import ModelLoadError
+from mainspring.models.repository import ModelRepository
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from mainspring.frontend.errors import InferenceError
 from mainspring.frontend.extensions import check_priority, classify, refuse_sequence
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.port import ControllerPort, ServedModel, ServiceError
-from mainspring.models.repository import ModelLoadError, ModelRepository
+from mainspring.models.errors import ModelLoadError
+from mainspring.models.repository import ModelRepository
 from mainspring.protocol import MAX_SLO_MS, Outcome
 from mainspring.protocol.tensors import DATATYPES, shape_matches
 from mainspring.time import NS_PER_MS, NS_PER_US

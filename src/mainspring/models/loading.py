@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch.jit._trace import TracerWarning
 
-from mainspring.models.repository import ModelLoadError, ModelRepository
+from mainspring.models.errors import ModelLoadError
+from mainspring.models.repository import ModelRepository
 from mainspring.models.zoo import architecture, build_model, example_inputs
 from mainspring.protocol.models import ModelConfig
 

@@ -30,7 +30,7 @@ import onnxruntime
 import torch
 from torch import nn
 
-from mainspring.models.repository import ModelLoadError
+from mainspring.models.errors import ModelLoadError
 
 # Floating initializers of at least this many elements become paged inputs.
 PAGED_MIN_ELEMENTS = 16

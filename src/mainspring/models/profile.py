@@ -140,21 +140,6 @@ def builtin_profiles() -> list[ModelProfile]:
     return parse_profiles(json.loads(text), "built-in profiles")
 
 
-def profiles_from(source: Path | None) -> list[ModelProfile]:
-    """The profiles in ``source``: a profile file, a profiled model repository, or (None) the built-in ones;
-    ``ValueError`` naming it when it holds none."""
-    if source is None:
-        return builtin_profiles()
-    if source.is_dir():
-        from mainspring.models.repository import ModelRepository
-
-        found = ModelRepository(source).all_profiles()
-        if not found:
-            raise ValueError(f"repository {source} holds no profiles: run `mainspring profile {source}`")
-        return found
-    return load_profiles(source)
-
-
 def model_copies(base: list[ModelProfile], count: int) -> list[ModelProfile]:
     """``count`` models cycling over ``base``: copy i is ``<name>-<i>`` (as Clockwork's experiments)."""
     if count <= 0:

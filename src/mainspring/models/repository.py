@@ -19,15 +19,12 @@ from pathlib import Path
 
 import msgspec
 
-from mainspring.models.profile import ModelProfile, dump_profiles, load_profiles
+from mainspring.models.errors import ModelLoadError
+from mainspring.models.profile import ModelProfile, builtin_profiles, dump_profiles, load_profiles
 from mainspring.protocol.models import MODEL_NAME, ModelConfig
 
 CONFIG_FILE = "config.json"
 PROFILE_FILE = "profile.json"
-
-
-class ModelLoadError(ValueError):
-    """A model that cannot be served: names the model, the file and the reason."""
 
 
 class ModelRepository:
@@ -148,3 +145,16 @@ class ModelRepository:
         for model in self.models():
             found += [p for p in self.profiles(model) if device_kind in (None, p.device_kind)]
         return found
+
+
+def profiles_from(source: Path | None) -> list[ModelProfile]:
+    """The profiles in ``source``: a profile file, a profiled model repository, or (None) the built-in ones;
+    ``ValueError`` naming it when it holds none."""
+    if source is None:
+        return builtin_profiles()
+    if source.is_dir():
+        found = ModelRepository(source).all_profiles()
+        if not found:
+            raise ValueError(f"repository {source} holds no profiles: run `mainspring profile {source}`")
+        return found
+    return load_profiles(source)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mainspring.models.repository import ModelLoadError
+from mainspring.models.errors import ModelLoadError
 from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.tensors import DATATYPES, TensorSpec
 

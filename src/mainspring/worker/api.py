@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from mainspring.models.errors import ModelLoadError
 from mainspring.models.profile import ModelProfile
-from mainspring.models.repository import ModelLoadError
 from mainspring.protocol import Action, ActionResult, DeviceSpec
 from mainspring.protocol.models import ModelConfig, ModelInfo, ModelOperation, ModelReply, ModelTarget
 from mainspring.protocol.tensors import Sample

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from mainspring.models.errors import ModelLoadError
 from mainspring.models.profile import ModelProfile
-from mainspring.models.repository import ModelLoadError
 from mainspring.protocol import Action, ActionResult, DeviceSpec
 from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.tensors import Sample, TensorSpec

@@ -18,9 +18,10 @@ from contextlib import contextmanager
 import msgspec
 import torch
 
+from mainspring.models.errors import ModelLoadError
 from mainspring.models.loading import load_module, state_tensors
 from mainspring.models.profile import ModelProfile
-from mainspring.models.repository import ModelLoadError, ModelRepository
+from mainspring.models.repository import ModelRepository
 from mainspring.protocol import CPU_KIND, Action, DeviceSpec
 from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB

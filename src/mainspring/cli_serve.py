@@ -22,6 +22,12 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--workers", choices=("local", "tcp"), help="start local workers (default) or wait for tcp ones")
     p.add_argument("--ray", nargs="?", const="auto",
                    help="place one worker per device of a Ray cluster (ADDRESS, default: the local one)")  # fmt: skip
+    p.add_argument(
+        "--cells",
+        type=int,
+        help="controller processes, each planning its share of the devices "
+        "(default 1; cell i takes workers on worker-port + i)",
+    )
     p.add_argument("--frontends", type=int, help="HTTP + gRPC processes on the ports (default: 1 per 2 cores, up to 4)")
     p.add_argument("--repo", help="model repository (default ~/.mainspring/zoo, built on first start)")
     p.add_argument("--policy", help="scheduling policy (default clockwork)")
@@ -84,6 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "worker_port",
             "workers",
             "frontends",
+            "cells",
             "ray",
             "repo",
             "policy",
@@ -96,7 +103,12 @@ def run_serve(args: argparse.Namespace) -> int:
             "pin_cpu_workers",
         )
     }
-    return run_server(load_config(args.config, dict(os.environ), flags, args.clockwork))
+    config = load_config(args.config, dict(os.environ), flags, args.clockwork)
+    if config.cells > 1:
+        from mainspring.serve_cells import run_cells
+
+        return run_cells(config)
+    return run_server(config)
 
 
 def run_worker(args: argparse.Namespace) -> int:

@@ -23,13 +23,17 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
 
+from mainspring.cells.routing import CellSignal
+from mainspring.cells.signal import cell_signal
+from mainspring.cells.wire import SignalPublisher
 from mainspring.controller.frontends import FrontendHub
 from mainspring.controller.repository_poll import RepositoryPoller
 from mainspring.controller.service import ControllerService
@@ -66,9 +70,38 @@ class LocalWorker:
         return len(self.restarts)
 
 
+@dataclass(frozen=True)
+class CellRole:
+    """This server is cell ``index`` of a ``serve --cells N``: no HTTP or gRPC of its own; the frontends
+    reach its controller on ``endpoint`` and read its load signal on ``signal_endpoint``."""
+
+    index: int
+    endpoint: str
+    signal_endpoint: str
+
+
+class CellsFront(Protocol):
+    """The cells behind this server's frontends (``serve_cells.py``): it starts and keeps them."""
+
+    @property
+    def port(self) -> Any: ...  # a ControllerPort
+
+    @property
+    def endpoints(self) -> list[str]: ...
+
+    @property
+    def signal_endpoints(self) -> list[str]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 class Server:
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, cell: CellRole | None = None, cells: CellsFront | None = None) -> None:
         self.config = config
+        self.cell = cell  # this server is one cell of several
+        self.cells = cells  # this server's frontends serve several cells
         self.service = ControllerService(
             config.policy,
             config.slo_ms,
@@ -97,19 +130,27 @@ class Server:
         self._channel_dir: tempfile.TemporaryDirectory[str] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._publisher: SignalPublisher | None = None
         self._stop = asyncio.Event()
         self._ready = False
 
     async def start(self) -> None:
         config = self.config
-        if config.workers == "local" and not config.ray:
+        if config.workers == "local" and not config.ray and self.cells is None:
             self._check_devices()
         self.repo = await asyncio.to_thread(ensure_repository, config) if config.workers == "local" else (
             ModelRepository(config.repo_path) if config.repo_path.is_dir() else None
         )  # fmt: skip
-        await self.hub.start()
+        if self.cell is not None:
+            await self._start_cell(self.cell)
+            return
+        if self.cells is not None:
+            await self.cells.start()
+        else:
+            await self.hub.start()
         access = Access(config.auth_token, config.auth_inference)
-        plane = self._plane = DataPlane(self.service, self.repo, limits=config.limits(), access=access)
+        port = self.service if self.cells is None else self.cells.port
+        plane = self._plane = DataPlane(port, self.repo, limits=config.limits(), access=access)
         if config.host not in LOOPBACK:
             if not config.auth_token:
                 log.warning("listening on %s without auth_token: anyone who reaches it can load and unload models",
@@ -125,10 +166,20 @@ class Server:
         from mainspring.frontend.grpc import start_grpc
 
         self._grpc = await start_grpc(plane, f"{config.host}:{config.grpc_port}", share_port=shared)
+        workers = (
+            self.hub.endpoint
+            if self.cells is None
+            else f"ports {config.worker_port}-{config.worker_port + config.cells - 1} (one per cell)"
+        )
         log.info("HTTP on http://%s:%d, gRPC on %s:%d, workers connect to %s",
-                 config.host, config.http_port, config.host, config.grpc_port, self.hub.endpoint)  # fmt: skip
+                 config.host, config.http_port, config.host, config.grpc_port, workers)  # fmt: skip
         if shared:
             await self._start_frontends(config.frontend_count - 1)
+        if self.cells is not None:
+            self._ready = not self._stop.is_set()
+            if self._frontends:
+                self._supervisor = asyncio.create_task(self._supervise())
+            return
         if config.ray:
             await self._start_ray_workers()
         elif config.workers == "local":
@@ -139,6 +190,32 @@ class Server:
         if config.repository_poll_s:
             self._start_polling()
         self._ready = not self._stop.is_set()  # else a stop came while the workers loaded
+
+    async def _start_cell(self, cell: CellRole) -> None:
+        """One cell: the controller, its workers, the channel to the frontends and the load signal."""
+        await self.hub.start()
+        self._frontend_hub = FrontendHub(self.service, cell.endpoint)
+        await self._frontend_hub.start()
+        self._publisher = SignalPublisher(cell.signal_endpoint, self._signal)
+        self._publisher.start()
+        if self.config.workers == "local":
+            self._start_local_workers()
+            await self._wait_for_workers(len(self._local))
+        if self._local:
+            self._supervisor = asyncio.create_task(self._supervise())
+        if self.config.repository_poll_s:
+            self._start_polling()
+        self._ready = not self._stop.is_set()
+
+    def _signal(self) -> CellSignal:
+        """This cell's load signal, under the names clients use (``ServedModel.key`` inside)."""
+        assert self.cell is not None
+        service = self.service
+        names = {served.key: name for name, served in service.models.items()}
+        now = service.clock.now_ns()
+        signal = cell_signal(self.cell.index, service.policy, service.device_count, now, names)
+        finish = {names[key]: end for key, end in signal.finish_ns.items()}
+        return CellSignal(signal.cell, signal.at_ns, signal.devices, finish, signal.cold_start_ns)
 
     def _check_devices(self) -> None:
         from mainspring.worker.torch_worker import torch_device
@@ -168,17 +245,20 @@ class Server:
         config = self.config
         self._channel_dir = tempfile.TemporaryDirectory(prefix="mainspring-")
         endpoint = f"ipc://{self._channel_dir.name}/frontends"
-        self._frontend_hub = FrontendHub(self.service, endpoint)
-        await self._frontend_hub.start()
+        if self.cells is None:
+            self._frontend_hub = FrontendHub(self.service, endpoint)
+            await self._frontend_hub.start()
+        cells = self.cells.endpoints if self.cells is not None else []
+        signals = self.cells.signal_endpoints if self.cells is not None else []
         limits = {f.name: getattr(config, f.name) for f in fields(RequestLimits)}
         repo = str(self.repo.root) if self.repo else ""
         for index in range(1, count + 1):
             spec = FrontendSpec(endpoint, f"frontend-{index}", config.host, config.http_port, config.grpc_port,
-                                os.getpid(), repo, limits, config.auth_inference)  # fmt: skip
+                                os.getpid(), repo, limits, config.auth_inference, cells, signals)  # fmt: skip
             command = [sys.executable, "-m", "mainspring.frontend.remote", msgspec.json.encode(spec).decode()]
             self._frontends.append(LocalWorker(spec.name, command, subprocess.Popen(command, env=self._frontend_env())))
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while self._frontend_hub.joined < count:
+        while self._frontend_hub is not None and self._frontend_hub.joined < count:
             if any(f.process.poll() is not None for f in self._frontends):
                 raise RuntimeError("a frontend process exited during start-up (see its log above)")
             if asyncio.get_running_loop().time() > deadline:
@@ -263,10 +343,14 @@ class Server:
     def request_stop(self) -> None:
         self._stop.set()
 
-    async def serve_until_stopped(self) -> None:
+    async def serve_until_stopped(self, gone: Callable[[], bool] | None = None) -> None:
+        """Serve until SIGINT or SIGTERM, or until ``gone()`` says the process that started this one is gone."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop)
+        if gone is not None:
+            watch = asyncio.create_task(self._stop_when(gone))
+            watch.add_done_callback(lambda _: None)
         try:
             await self.start()
         except BaseException:
@@ -274,6 +358,13 @@ class Server:
             raise
         await self._stop.wait()
         await self.stop()
+
+    async def _stop_when(self, gone: Callable[[], bool]) -> None:
+        while not self._stop.is_set():
+            if gone():
+                log.info("the process that started this one is gone: stopping")
+                self.request_stop()
+            await asyncio.sleep(0.5)
 
     def _start_polling(self) -> None:
         """Triton's poll mode: from now on, what changes in the repository is served."""
@@ -298,9 +389,14 @@ class Server:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
         log.info("shutting down: answering outstanding requests (up to %.1f s)", self.config.drain_s)
-        left = await self.service.drain(self.config.drain_s)
-        if left:
-            log.warning("%d request(s) answered with an error at shutdown", left)
+        if self.cells is not None:
+            await self.cells.stop()  # each cell answers what it holds
+        else:
+            left = await self.service.drain(self.config.drain_s)
+            if left:
+                log.warning("%d request(s) answered with an error at shutdown", left)
+        if self._publisher is not None:
+            await self._publisher.close()
         for frontend in self._frontends:  # the calls they handed over are answered: let them go
             frontend.process.terminate()
         for frontend in self._frontends:
@@ -351,14 +447,19 @@ def use_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-def run_server(config: ServeConfig) -> int:
+def run_server(
+    config: ServeConfig,
+    cell: CellRole | None = None,
+    cells: CellsFront | None = None,
+    watch: Callable[[], bool] | None = None,
+) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints every thread's stack
     try:
         if config.event_loop == "uvloop":
             use_uvloop()
             log.info("event loop: uvloop")
-        asyncio.run(Server(config).serve_until_stopped())
+        asyncio.run(Server(config, cell, cells).serve_until_stopped(watch))
     except (RuntimeError, OSError) as error:
         log.error("%s", error)
         return 1

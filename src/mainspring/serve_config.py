@@ -39,6 +39,9 @@ class ServeConfig:
     worker_port: int = 8002
     workers: str = "local"  # or "tcp": wait for external workers
     frontends: int = 0  # HTTP + gRPC frontend processes sharing the ports; 0: one per two cores, at most 4
+    # Controller processes, each planning its share of the devices (serve_cells.py); 1: one controller
+    # in this process. Cell i takes workers on worker_port + i.
+    cells: int = 1
     ray: str = ""  # a Ray cluster's address ("auto": the local one): one worker per device of each node, as actors
     repo: str = ""  # default: ~/.mainspring/zoo, created with the built-in zoo on first start
     policy: str = DEFAULT_POLICY
@@ -106,6 +109,10 @@ class ServeConfig:
             problems.append(f"max_loop_lag_ms={self.max_loop_lag_ms} must not be negative")
         if self.ray and self.workers != "local":
             problems.append("ray places the workers itself: leave workers at 'local'")
+        if self.cells < 1:
+            problems.append(f"cells={self.cells} must be at least 1")
+        if self.cells > 1 and self.ray:
+            problems.append("cells on Ray are not built yet: leave cells at 1 with ray")
         if self.frontends < 0:
             problems.append(f"frontends={self.frontends} must not be negative (0: sized to the machine)")
         if self.pool_mib and self.pool_mib * MIB < DEFAULT_PAGE_BYTES:

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from mainspring.models.profile import ModelProfile
 from mainspring.time import NS_PER_S
 
 Placement = dict[str, tuple[int, ...]]  # model -> the cells that serve it, sorted
@@ -41,6 +42,12 @@ class ModelDemand:
     def load(self) -> float:
         """Devices this model keeps busy."""
         return self.rate_rps * self.work_ns / NS_PER_S
+
+
+def demand_of(profile: ModelProfile, rate_rps: float) -> ModelDemand:
+    """A model's demand at ``rate_rps``, its work per request that of its most efficient batch."""
+    work = min(ns // size for size, ns in profile.exec_ns.items())
+    return ModelDemand(profile.model, profile.weights_bytes, rate_rps, work)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from mainspring.models.profile import ModelProfile
+
 
 @dataclass(frozen=True)
 class Costs:
@@ -21,6 +23,11 @@ class Costs:
     exec_ns: int
     work_ns: int
     load_ns: int
+
+
+def routing_costs(profile: ModelProfile) -> Costs:
+    work = min(ns // size for size, ns in profile.exec_ns.items())
+    return Costs(profile.exec_time_ns(1), work, profile.load_ns)
 
 
 @dataclass(frozen=True)

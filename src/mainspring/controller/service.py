@@ -144,6 +144,11 @@ class ControllerService:
         return self._loop
 
     @property
+    def policy(self) -> Membership:
+        """The policy (read by a cell's load signal; the controller alone calls it)."""
+        return self._membership
+
+    @property
     def workers(self) -> list[WorkerHandle]:
         return list(self._handles.values())
 

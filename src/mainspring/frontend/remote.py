@@ -78,6 +78,27 @@ class RemoteController:
         await socket.send_multipart(encode(Join(self.name)))
         await asyncio.wait_for(self._joined.wait(), timeout_s)
 
+    def fail_waiting(self, reason: str) -> int:
+        """The controller is gone: every call waiting on it fails now with ``unavailable`` (it will not be
+        answered: a restarted controller never received it), instead of at its bound."""
+        waiting = [f for f in self._waiting.values() if not f.done()]
+        for future in waiting:
+            future.set_exception(ServiceError("unavailable", reason))
+        self._waiting.clear()
+        return len(waiting)
+
+    async def rejoin(self) -> None:
+        """Join a restarted controller on a fresh socket: what was queued for the one that died is dropped
+        with the old socket, not handed to the new one."""
+        if self._receiver is not None:
+            self._receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._receiver
+        if self._socket is not None:
+            self._socket.close(0)
+        self._joined.clear()
+        await self.start()
+
     async def close(self) -> None:
         if self._dropped_due is not None:  # what is counted still goes to the controller
             self._dropped_due.cancel()
@@ -216,6 +237,8 @@ class FrontendSpec(msgspec.Struct, frozen=True):
     repo: str = ""
     limits: dict[str, Any] = {}  # RequestLimits' fields
     auth_inference: bool = False
+    cells: list[str] = []  # serve --cells N: each cell's controller; ``endpoint`` is then unused
+    signals: list[str] = []  # and each cell's load signal
 
 
 TOKEN_ENV = "MAINSPRING_AUTH_TOKEN"
@@ -230,7 +253,13 @@ async def run_frontend(spec: FrontendSpec) -> None:
     from mainspring.frontend.limits import RequestLimits
     from mainspring.models.repository import ModelRepository
 
-    controller = RemoteController(spec.endpoint, spec.name)
+    controller: Any
+    if spec.cells:
+        from mainspring.cells.port import CellsPort
+
+        controller = CellsPort(spec.name, spec.cells, spec.signals)
+    else:
+        controller = RemoteController(spec.endpoint, spec.name)
     await controller.start()
     repo = ModelRepository(spec.repo) if spec.repo else None
     access = Access(os.environ.get(TOKEN_ENV, ""), spec.auth_inference)

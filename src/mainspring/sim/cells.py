@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from mainspring.cells.cost import CLOCKWORK_COST, ControllerCost, CostedScheduler
-from mainspring.cells.placement import CellCapacity, ModelDemand, Placement, PlacementConfig, plan
-from mainspring.cells.routing import Costs, Router
+from mainspring.cells.placement import CellCapacity, Placement, PlacementConfig, demand_of, plan
+from mainspring.cells.routing import Costs, Router, routing_costs
 from mainspring.cells.signal import cell_signal
 from mainspring.controller import Controller
 from mainspring.models.profile import ModelProfile
@@ -245,15 +245,6 @@ class CellWiring:
     cost: ControllerCost
     wrap: Callable[[Scheduler], Scheduler] | None
     answered: AnswerHook
-
-
-def demand_of(profile: ModelProfile, rate_rps: float) -> ModelDemand:
-    return ModelDemand(profile.model, profile.weights_bytes, rate_rps, routing_costs(profile).work_ns)
-
-
-def routing_costs(profile: ModelProfile) -> Costs:
-    work = min(ns // size for size, ns in profile.exec_ns.items())
-    return Costs(profile.exec_time_ns(1), work, profile.load_ns)
 
 
 def capacities(cells: Sequence[Cell]) -> list[CellCapacity]:

@@ -1,0 +1,330 @@
+"""The controller as a frontend sees it when the devices are split into cells (``serve --cells N``):
+one ``ControllerPort`` over every cell's controller process.
+
+Every cell serves every model of the repository (each loads it on its own devices when asked), so
+placement only decides where requests go: the planner (``placement.py``) gives each model its cells
+from the demand this frontend measured, re-planned every few seconds; among a model's cells the
+router (``routing.py``) picks the one whose load signal says a batch of one ends first. A cell whose
+signal has not come for ``STALE_S`` is taken as gone: its models go to the others, which can serve
+them at once (the price is a cold load). A load, reload or unload goes to every cell; statistics
+add up over the cells; the metrics get a ``cell`` label; the live page shows every cell's devices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mainspring.cells.placement import CellCapacity, Placement, PlacementConfig, demand_of, plan
+from mainspring.cells.routing import CellSignal, Costs, Router, routing_costs
+from mainspring.cells.wire import SignalSubscriber
+from mainspring.frontend.port import Answer, ServedModel, ServiceError
+from mainspring.frontend.remote import RemoteController
+from mainspring.protocol import Outcome
+from mainspring.protocol.pages import DEFAULT_POOL_BYTES
+from mainspring.protocol.tensors import Sample
+from mainspring.telemetry.metrics import ModelStats
+
+log = logging.getLogger(__name__)
+
+STALE_S = 1.0  # a cell silent this long is taken as gone
+REPLAN_S = (0.25, 2.0)  # the first re-plan, and the longest interval between re-plans (doubling)
+DEVICE_ID_STRIDE = 1000  # the live page shows cell i's device d as i * this + d
+
+
+class CellsPort:
+    """``ControllerPort`` over the cells' controllers (``RemoteController`` each, on ``endpoints``)."""
+
+    def __init__(
+        self,
+        name: str,
+        endpoints: Sequence[str],
+        signal_endpoints: Sequence[str],
+        retry_rejected: bool = False,
+        placement: PlacementConfig | None = None,
+    ) -> None:
+        self.cells = [RemoteController(endpoint, f"{name}/cell-{i}") for i, endpoint in enumerate(endpoints)]
+        self.router = Router()
+        self.retry_rejected = retry_rejected
+        self.second_tries = 0
+        self.moved_calls = 0  # calls a lost cell held, served by another
+        self._placement_config = placement or PlacementConfig()
+        self._subscriber = SignalSubscriber(list(signal_endpoints), self._signal)
+        self._seen: dict[int, int] = {}  # cell -> monotonic ns of its last signal
+        self._gone: set[int] = set()
+        self._rejoining: set[int] = set()
+        self.placement: Placement = {}
+        self._arrivals: Counter[str] = Counter()
+        self._rates: dict[str, float] = {}
+        self._planner: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._rejoins: set[asyncio.Task[None]] = set()
+
+    async def start(self, timeout_s: float = 60.0) -> None:
+        self._subscriber.start()
+        await asyncio.gather(*(cell.start(timeout_s) for cell in self.cells))
+        self._replan(REPLAN_S[0])
+        self._planner = asyncio.create_task(self._plan_every())
+        self._watcher = asyncio.create_task(self._watch())
+
+    async def _watch(self, period_s: float = 0.1) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            self.live_cells()
+
+    def lost(self, index: int, why: str) -> None:
+        """Cell ``index`` is gone (its process exited, or its signal stopped): requests go elsewhere, and
+        its unanswered calls fail now, to be tried on another cell while their deadlines allow."""
+        if index in self._gone:
+            return
+        self._gone.add(index)
+        failed = self.cells[index].fail_waiting(f"cell {index}'s controller is gone ({why})")
+        log.warning("cell %d is gone (%s): its models go to the other cells; %d call(s) it held are tried "
+                    "elsewhere", index, why, failed)  # fmt: skip
+
+    async def close(self) -> None:
+        for task in (self._planner, self._watcher, *self._rejoins):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self._subscriber.close()
+        await asyncio.gather(*(cell.close() for cell in self.cells))
+
+    # --- the signal and the placement --------------------------------------------------------------
+    def _signal(self, signal: CellSignal) -> None:
+        if not 0 <= signal.cell < len(self.cells):
+            return
+        self.router.publish(signal)
+        self._seen[signal.cell] = time.monotonic_ns()
+        if signal.cell in self._gone and signal.cell not in self._rejoining:  # restarted: it knows us no more
+            self._rejoining.add(signal.cell)
+            task = asyncio.create_task(self._rejoin(signal.cell))
+            self._rejoins.add(task)
+            task.add_done_callback(self._rejoins.discard)
+
+    async def _rejoin(self, index: int) -> None:
+        try:
+            await self.cells[index].rejoin()
+        except (TimeoutError, ServiceError) as error:
+            log.warning("cell %d did not take this frontend back: %r", index, error)
+        else:
+            self._gone.discard(index)
+            log.info("cell %d is back, with %d device(s)", index, self.cells[index].device_count)
+        finally:
+            self._rejoining.discard(index)
+
+    def live_cells(self) -> list[int]:
+        """Cells whose signal came within ``STALE_S``."""
+        now = time.monotonic_ns()
+        live = []
+        for index in range(len(self.cells)):
+            if index in self._gone:
+                continue
+            if now - self._seen.get(index, 0) <= STALE_S * 1e9:
+                live.append(index)
+            elif index in self._seen:
+                self.lost(index, f"no load signal for {STALE_S:g} s")
+        return live
+
+    async def _plan_every(self) -> None:
+        interval = REPLAN_S[0]
+        while True:
+            await asyncio.sleep(interval)
+            self._replan(interval)
+            interval = min(2 * interval, REPLAN_S[1])
+
+    def _replan(self, seconds: float) -> None:
+        for name in set(self._rates) | set(self._arrivals):
+            measured = self._arrivals.get(name, 0) / seconds
+            self._rates[name] = measured if name not in self._rates else (self._rates[name] + measured) / 2
+        self._arrivals.clear()
+        models = self.models
+        if not models:
+            return
+        capacities = [
+            CellCapacity(i, max(1, cell.device_count), max(1, cell.device_count) * DEFAULT_POOL_BYTES)
+            for i, cell in enumerate(self.cells)
+        ]
+        demands = [demand_of(m.profile.renamed(name), self._rates.get(name, 0.0)) for name, m in models.items()]
+        self.placement = plan(capacities, demands, self.placement, self._placement_config)
+
+    def _cells_for(self, model: str) -> list[int]:
+        """The model's cells that are live and serve it (a restarted cell serves nothing until its workers
+        are back); else any cell that does."""
+        cells = self.cells
+        able = [c for c in self.live_cells() if model in cells[c].models and cells[c].device_count > 0]
+        placed = [c for c in self.placement.get(model, ()) if c in able]
+        return placed or able or list(range(len(cells)))
+
+    # --- ControllerPort ---------------------------------------------------------------------------
+    @property
+    def models(self) -> Mapping[str, ServedModel]:
+        merged: dict[str, ServedModel] = {}
+        for cell in self.cells:
+            for name, served in cell.models.items():
+                merged.setdefault(name, served)
+        return merged
+
+    @property
+    def device_count(self) -> int:
+        return sum(cell.device_count for cell in self.cells)
+
+    @property
+    def accepting(self) -> bool:
+        return any(cell.accepting for cell in self.cells)
+
+    @property
+    def load_errors(self) -> Mapping[str, str]:
+        merged: dict[str, str] = {}
+        for cell in self.cells:
+            merged.update(cell.load_errors)
+        return merged
+
+    @property
+    def default_slo_ns(self) -> int:
+        return self.cells[0].default_slo_ns
+
+    async def refresh(self) -> bool:
+        await asyncio.gather(*(cell.refresh() for cell in self.cells))
+        return True
+
+    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
+        self._arrivals[model] += len(samples)
+        served = self.models.get(model)
+        costs = routing_costs(served.profile) if served is not None else Costs(0, 0, 0)
+        cells = self._cells_for(model)
+        now = time.monotonic_ns()
+        deadline = now + (slo_ns if slo_ns is not None else self.default_slo_ns)
+        chosen = self.router.pick(model, cells, now, costs)
+        try:
+            answers = await self.cells[chosen].infer(model, samples, slo_ns)
+        except ServiceError as error:
+            if error.kind != "unavailable" or chosen not in self._gone:
+                raise
+            others = [c for c in self._cells_for(model) if c != chosen]
+            if not others or time.monotonic_ns() >= deadline:
+                raise
+            self.moved_calls += 1  # the cell died with it: it was never answered there
+            return await self.cells[others[0]].infer(model, samples, deadline - time.monotonic_ns())
+        if not self.retry_rejected or any(r.outcome is not Outcome.DEADLINE_AT_ARRIVAL for r, _ in answers):
+            return answers
+        second = self.router.second_choice(model, cells, chosen, time.monotonic_ns(), deadline, costs)
+        if second is None:
+            return answers
+        self.second_tries += 1
+        remaining = deadline - time.monotonic_ns()
+        return await self.cells[second].infer(model, samples, max(remaining, 1))
+
+    async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
+        await self._everywhere([cell.load_model(model, timeout_s) for cell in self.cells])
+
+    async def reload_model(self, model: str, timeout_s: float = 120.0) -> None:
+        await self._everywhere([cell.reload_model(model, timeout_s) for cell in self.cells])
+
+    async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
+        await self._everywhere([cell.unload_model(model, timeout_s) for cell in self.cells])
+
+    async def _everywhere(self, calls: list[Any]) -> None:
+        """Every cell's call runs to its end; the first failure is raised after (a cell that failed keeps
+        what it had, as one controller does)."""
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def model_statistics(self, model: str) -> ModelStats:
+        stats = await asyncio.gather(*(cell.model_statistics(model) for cell in self.cells), return_exceptions=True)
+        found = [s for s in stats if isinstance(s, ModelStats)]
+        if not found:
+            error = next(s for s in stats if isinstance(s, BaseException))
+            raise error
+        total = ModelStats()
+        for one in found:
+            for field in ("success_count", "success_ns", "fail_count", "fail_ns", "rejected_count",
+                          "execution_count", "inference_count"):  # fmt: skip
+                setattr(total, field, getattr(total, field) + getattr(one, field))
+            total.last_inference_ns = max(total.last_inference_ns, one.last_inference_ns)
+        return total
+
+    async def exposition(self) -> bytes:
+        texts = await asyncio.gather(*(self._cell_exposition(cell) for cell in self.cells))
+        return merge_expositions([t for t in texts if t is not None])
+
+    async def _cell_exposition(self, cell: RemoteController) -> bytes | None:
+        try:
+            return await cell.exposition()
+        except ServiceError:
+            return None  # a cell that is gone has no metrics to give
+
+    async def timeline_view(self, seconds: float) -> dict[str, Any]:
+        views = await asyncio.gather(*(cell.timeline_view(seconds) for cell in self.cells), return_exceptions=True)
+        merged: dict[str, Any] = {"seconds": seconds, "devices": [], "actions": [], "misses": []}
+        for index, view in enumerate(views):
+            if not isinstance(view, dict):
+                continue
+            offset = index * DEVICE_ID_STRIDE
+            merged["devices"] += [offset + d for d in view["devices"]]
+            merged["actions"] += [{**a, "device": offset + a["device"], "cell": index} for a in view["actions"]]
+            merged["misses"] += view["misses"]
+        return merged
+
+    def count_dropped_client(self, transport: str, cause: str) -> None:
+        self.cells[0].count_dropped_client(transport, cause)
+
+
+def merge_expositions(texts: Sequence[bytes]) -> bytes:
+    """Prometheus text from several cells as one: each sample gains ``cell="<index>"``, every family's
+    samples stay together under one HELP and TYPE (the first cell's)."""
+    headers: dict[str, list[str]] = {}
+    header_from: dict[str, int] = {}
+    samples: dict[str, list[str]] = {}
+    for index, text in enumerate(texts):
+        family = ""
+        for line in text.decode().splitlines():
+            if line.startswith("# "):
+                parts = line.split(" ", 3)
+                family = parts[2] if len(parts) > 2 else family
+                if header_from.setdefault(family, index) == index:
+                    headers.setdefault(family, []).append(line)
+                samples.setdefault(family, [])
+            elif line.strip():
+                samples.setdefault(family, []).append(_with_cell(line, index))
+    lines: list[str] = []
+    for family, rows in samples.items():
+        lines += headers.get(family, [])
+        lines += rows
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _with_cell(line: str, cell: int) -> str:
+    """``line`` (one sample) with the label ``cell`` first."""
+    brace, space = line.find("{"), line.find(" ")
+    if brace < 0 or 0 <= space < brace:  # no labels
+        end = space if space >= 0 else len(line)
+        return f'{line[:end]}{{cell="{cell}"}}{line[end:]}'
+    close = _closing_brace(line, brace)
+    inside = line[brace + 1 : close]
+    labels = f'cell="{cell}"' + (f",{inside}" if inside else "")
+    return f"{line[:brace]}{{{labels}}}{line[close + 1 :]}"
+
+
+def _closing_brace(line: str, start: int) -> int:
+    """The ``}`` that ends the label set opened at ``start`` (a label value may hold one, quoted)."""
+    quoted = escaped = False
+    for i in range(start + 1, len(line)):
+        char = line[i]
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == "}" and not quoted:
+            return i
+    return len(line)

@@ -1,0 +1,188 @@
+"""``mainspring serve --cells N``: the devices split into N cells, each planned by a controller process
+of its own (a core each); the frontends in front of them route every request to a cell.
+
+This process keeps the HTTP and gRPC ports (and ``--frontends``) and starts the cells: cell ``i`` is
+a ``Server`` in its cell role (``python -m mainspring.serve_cells SPEC``) with its share of the local
+devices, listening for workers on ``worker_port + i``, for the frontends on a ZeroMQ socket in a
+folder only this user may enter, and publishing its load signal beside it. A cell that exits is
+started again (the same backoff as a worker); meanwhile its models are served by the other cells.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from mainspring.cells.port import CellsPort
+from mainspring.serve import RESTART_BACKOFF_S, CellRole, LocalWorker, run_server
+from mainspring.serve_config import ServeConfig
+from mainspring.transport.security import SECRET_ENV
+
+log = logging.getLogger("mainspring.serve")
+
+SECRET_FIELDS = ("auth_token", "worker_secret")  # never on a command line: the environment carries them
+TOKEN_ENV = "MAINSPRING_AUTH_TOKEN"
+
+
+class CellSpec(msgspec.Struct, frozen=True):
+    """What the front tells a cell process (as JSON on its command line)."""
+
+    index: int
+    endpoint: str
+    signal_endpoint: str
+    parent_pid: int
+    config: dict[str, Any]  # ServeConfig's fields, the secrets left out
+
+
+def cell_config(config: ServeConfig, index: int, count: int) -> ServeConfig:
+    """Cell ``index``'s settings: its share of the local devices, its own worker port and log folder."""
+    devices = ""
+    if config.workers == "local":
+        listed = config.device_list()
+        size, extra = divmod(len(listed), count)
+        start = index * size + min(index, extra)
+        devices = ",".join(listed[start : start + size + (1 if index < extra else 0)])
+    log_dir = os.path.join(config.log_dir, f"cell-{index}") if config.log_dir else ""
+    return dataclasses.replace(
+        config, devices=devices, worker_port=config.worker_port + index, cells=1, frontends=1, log_dir=log_dir
+    )
+
+
+class Cells:
+    """The cell processes of this server, and the ``CellsPort`` its frontends use (``serve.CellsFront``)."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        if config.workers == "local" and len(config.device_list()) < config.cells:
+            raise RuntimeError(f"cells={config.cells} needs a device per cell; devices are {config.device_list()} "
+                               "(several cells may share a CPU: devices = \"cpu,cpu\")")  # fmt: skip
+        self._dir = tempfile.TemporaryDirectory(prefix="mainspring-cells-")
+        self._endpoints = [f"ipc://{self._dir.name}/cell-{i}" for i in range(config.cells)]
+        self._signals = [f"ipc://{self._dir.name}/cell-{i}-signal" for i in range(config.cells)]
+        self._port = CellsPort("main", self._endpoints, self._signals)
+        self._processes: list[LocalWorker] = []
+        self._supervisor: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def port(self) -> CellsPort:
+        return self._port
+
+    @property
+    def endpoints(self) -> list[str]:
+        return self._endpoints
+
+    @property
+    def signal_endpoints(self) -> list[str]:
+        return self._signals
+
+    async def start(self) -> None:
+        config = self.config
+        for index in range(config.cells):
+            values = {k: v for k, v in dataclasses.asdict(cell_config(config, index, config.cells)).items()
+                      if k not in SECRET_FIELDS}  # fmt: skip
+            spec = CellSpec(index, self._endpoints[index], self._signals[index], os.getpid(), values)
+            command = [sys.executable, "-m", "mainspring.serve_cells", msgspec.json.encode(spec).decode()]
+            self._processes.append(LocalWorker(f"cell-{index}", command, subprocess.Popen(command, env=self._env())))
+        started = asyncio.create_task(self._port.start(config.join_timeout_s))
+        while not started.done():
+            if any(p.process.poll() is not None for p in self._processes):
+                started.cancel()
+                raise RuntimeError("a cell process exited during start-up (see its log above)")
+            await asyncio.sleep(0.05)
+        await started
+        await self._wait_for_devices()
+        self._supervisor = asyncio.create_task(self._supervise())
+        log.info("%d cells ready: %s device(s)", config.cells, [c.device_count for c in self._port.cells])
+
+    async def _wait_for_devices(self) -> None:
+        deadline = time.monotonic() + self.config.join_timeout_s
+        while any(cell.device_count == 0 for cell in self._port.cells):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"a cell has no device after {self.config.join_timeout_s:.0f} s")
+            await self._port.refresh()
+            await asyncio.sleep(0.1)
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in (SECRET_ENV, TOKEN_ENV)}
+        if self.config.worker_secret:
+            env[SECRET_ENV] = self.config.worker_secret
+        if self.config.auth_token:
+            env[TOKEN_ENV] = self.config.auth_token
+        return env
+
+    async def _supervise(self, period_s: float = 0.2) -> None:
+        """A cell that exits is started again, after a backoff that doubles with each restart in the last
+        minute (its workers join it again; its models are served by the other cells meanwhile)."""
+        while not self._stopping:
+            await asyncio.sleep(period_s)
+            now = time.monotonic()
+            for cell in self._processes:
+                code = cell.process.poll()
+                if code is None or self._stopping:
+                    continue
+                if cell.restart_at is None:
+                    self._port.lost(self._processes.index(cell), f"its process exited with code {code}")
+                    recent = cell.restarts_in_last_minute(now)
+                    first, longest = RESTART_BACKOFF_S
+                    cell.restart_at = now + min(longest, first * 2**recent)
+                    log.warning("%s exited with code %s; starting it again in %.1f s", cell.name, code,
+                                cell.restart_at - now)  # fmt: skip
+                elif now >= cell.restart_at:
+                    cell.restart_at = None
+                    cell.restarts.append(now)
+                    cell.process = subprocess.Popen(cell.command, env=self._env())
+                    log.info("%s started again (pid %d)", cell.name, cell.process.pid)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        for cell in self._processes:  # each drains: answers what it holds, then lets its workers go
+            if cell.process.poll() is None:
+                cell.process.terminate()
+        for cell in self._processes:
+            try:
+                await asyncio.to_thread(cell.process.wait, self.config.drain_s + 15)
+            except subprocess.TimeoutExpired:
+                cell.process.kill()
+        await self._port.close()
+        self._dir.cleanup()
+
+
+def run_cells(config: ServeConfig) -> int:
+    return run_server(config, cells=Cells(config))
+
+
+def main(argv: Sequence[str]) -> int:
+    """A cell process: a ``Server`` in its cell role, until SIGTERM or the front's process is gone."""
+    spec = msgspec.json.decode(argv[0], type=CellSpec)
+    secrets = {"worker_secret": os.environ.get(SECRET_ENV, ""), "auth_token": os.environ.get(TOKEN_ENV, "")}
+    config = ServeConfig(**{**spec.config, **secrets})
+    watcher = _ParentWatch(spec.parent_pid)
+    return run_server(config, cell=CellRole(spec.index, spec.endpoint, spec.signal_endpoint), watch=watcher.gone)
+
+
+class _ParentWatch:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def gone(self) -> bool:
+        return os.getppid() != self.pid
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

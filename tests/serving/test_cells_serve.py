@@ -1,0 +1,164 @@
+"""``serve --cells 2``: two controller processes behind one server, each with its own emulated devices
+(``worker --emulate`` joining on worker_port + i). Clients see one server: one port, one repository API,
+one /metrics with a ``cell`` label. Real processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.serving.processes import ServerProcess, child_pids, http_call
+from tests.waiting import wait_for
+
+
+def consecutive_free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free ports on loopback."""
+    for _ in range(200):
+        base = random.randrange(20_000, 60_000)
+        probes = [socket.socket() for _ in range(count)]
+        try:
+            for offset, probe in enumerate(probes):
+                probe.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise RuntimeError("no consecutive free ports")
+
+
+def emulated_worker(address: str, name: str, log: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "mainspring.cli", "worker", "--controller", address, "--emulate", "--count", "1",
+               "--models", "6", "--name", name]  # fmt: skip
+    with log.open("wb") as output:
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+
+
+def samples(server: ServerProcess, name: str) -> list[tuple[dict[str, str], float]]:
+    _, text = http_call(f"http://{server.http}/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    family = families.get(name)
+    return [] if family is None else [(s.labels, s.value) for s in family.samples if not s.name.endswith("_created")]
+
+
+def infer(server: ServerProcess, model: str, i: int) -> tuple[int, list[float], object]:
+    values = [random.Random(i).random() for _ in range(4)]
+    body = {"id": str(i), "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": values}]}
+    status, raw = http_call(f"http://{server.http}/v2/models/{model}/infer", json.dumps(body).encode())
+    answer = json.loads(raw) if raw.startswith(b"{") else raw
+    return status, values, answer["outputs"][0]["data"] if status == 200 else answer
+
+
+class TwoCells:
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        (tmp_path / "repo").mkdir()
+        self.base = consecutive_free_ports(2)
+        self.server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--workers", "tcp", "--cells", "2",
+                                    "--frontends", "1", *args, worker_port=self.base)  # fmt: skip
+        self.workers = [
+            emulated_worker(f"tcp://127.0.0.1:{self.base + i}", f"emulated-{i}", tmp_path / f"worker-{i}.log")
+            for i in range(2)
+        ]
+        self.server.wait_ready()
+        _, index = http_call(f"http://{self.server.http}/v2/repository/index", b"{}")
+        self.models = sorted(entry["name"] for entry in json.loads(index))
+
+    def cell_pid(self, index: int) -> int:
+        for pid in child_pids(self.server.process.pid):
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"serve_cells" in command and f'"index":{index},'.encode() in command:
+                return pid
+        raise AssertionError(f"no process for cell {index}")
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.terminate()
+            worker.wait(30)
+        assert self.server.stop() == 0, self.server.log.read_text()
+
+
+def test_two_cells_answer_every_request_once_and_look_like_one_server(tmp_path: Path) -> None:
+    cells = TwoCells(tmp_path, "--slo-ms", "2000")
+    server, models = cells.server, cells.models
+    try:
+        assert len(models) == 6
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: infer(server, models[i % 6], i), range(300)))
+        assert all(status == 200 for status, _, _ in answers), [a for a in answers if a[0] != 200][:3]
+        for _, sent, echoed in answers:  # each its own answer: the emulated model echoes its input
+            assert echoed == pytest.approx(sent, rel=1e-6)
+        served = [(labels, value) for labels, value in samples(server, "mainspring_requests")
+                  if labels.get("outcome") == "success"]  # fmt: skip
+        assert sum(value for _, value in served) == 300
+        assert {labels["cell"] for labels, _ in samples(server, "mainspring_devices")} == {"0", "1"}
+        assert sum(value for _, value in samples(server, "mainspring_devices")) == 2
+        _, raw = http_call(f"http://{server.http}/v2/models/stats")
+        stats = json.loads(raw)["model_stats"]
+        assert sum(s["inference_stats"]["success"]["count"] for s in stats) == 300  # summed over the cells
+
+        # one repository API: an unload reaches both cells (the emulated models have no files to load again)
+        model = models[0]
+        status, _ = http_call(f"http://{server.http}/v2/repository/models/{model}/unload", b"{}")
+        assert status == 200
+        assert all(infer(server, model, i)[0] == 404 for i in range(6))  # whichever cell it would go to
+        assert all(infer(server, models[1], i)[0] == 200 for i in range(6))
+        _, index = http_call(f"http://{server.http}/v2/repository/index", b"{}")
+        ready = {entry["name"] for entry in json.loads(index) if entry.get("state") == "READY"}
+        assert model not in ready and models[1] in ready
+    finally:
+        cells.close()
+
+
+@pytest.mark.slow
+def test_a_killed_cell_is_served_around_and_comes_back(tmp_path: Path) -> None:
+    """Under steady load, cell 0's controller is killed: every request is still answered (served, or a
+    clear error), its models are served by cell 1 within 5 s, and cell 0 is back within 30 s."""
+    cells = TwoCells(tmp_path, "--slo-ms", "500")
+    server, models = cells.server, cells.models
+    answers: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        i = 0
+        with ThreadPoolExecutor(4) as pool:
+            while not stop.is_set():
+                sent = time.monotonic()
+                pool.submit(lambda k=i, at=sent: answers.append((at, infer(server, models[k % 6], k)[0])))
+                i += 1
+                time.sleep(0.02)
+
+    loader = threading.Thread(target=load)
+    try:
+        loader.start()
+        time.sleep(3)
+        killed_at = time.monotonic()
+        os.kill(cells.cell_pid(0), signal.SIGKILL)
+        wait_for(lambda: any(v > 0 for labels, v in samples(server, "mainspring_devices") if labels["cell"] == "0")
+                 and time.monotonic() - killed_at > 2, timeout_s=30, every_s=0.2)  # fmt: skip
+        back_after = time.monotonic() - killed_at
+        time.sleep(2)
+    finally:
+        stop.set()
+        loader.join()
+        cells.close()
+    assert back_after < 30
+    sent = len(answers)
+    assert sent > 200 and all(status in (200, 503) for _, status in answers), sorted({s for _, s in answers})
+    assert sum(status == 200 for _, status in answers) >= 0.97 * sent
+    after = [status for at, status in answers if killed_at + 1 <= at <= killed_at + 5]
+    assert after and all(status == 200 for status in after)  # cell 1 served every model meanwhile
+    text = server.log.read_text()
+    assert "cell 0 is gone" in text and "cell 0 is back" in text

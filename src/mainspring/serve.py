@@ -198,6 +198,7 @@ class Server:
         await self._frontend_hub.start()
         self._publisher = SignalPublisher(cell.signal_endpoint, self._signal)
         self._publisher.start()
+        self.service.tick_listeners.append(self._publisher.tick)
         if self.config.workers == "local":
             self._start_local_workers()
             await self._wait_for_workers(len(self._local))
@@ -228,8 +229,9 @@ class Server:
 
     def _start_local_workers(self) -> None:
         assert self.repo is not None
+        cell = f"cell-{self.cell.index}-" if self.cell is not None else ""
         for index, device in enumerate(self.config.device_list()):
-            name = f"local-{index}-{device}"
+            name = f"{cell}local-{index}-{device}"
             command = [sys.executable, "-m", "mainspring.cli", "worker", "--controller", self.hub.endpoint,
                        "--device", device, "--repo", str(self.repo.root), "--name", name,
                        "--parent-pid", str(os.getpid())]  # fmt: skip
@@ -396,7 +398,7 @@ class Server:
             if left:
                 log.warning("%d request(s) answered with an error at shutdown", left)
         if self._publisher is not None:
-            await self._publisher.close()
+            self._publisher.close()
         for frontend in self._frontends:  # the calls they handed over are answered: let them go
             frontend.process.terminate()
         for frontend in self._frontends:

@@ -20,7 +20,8 @@ from mainspring.cells.routing import CellSignal
 
 log = logging.getLogger(__name__)
 
-SIGNAL_PERIOD_S = 0.005
+HEARTBEAT_S = 0.1  # an unchanged signal is sent again this often: the frontends' sign that the cell lives
+QUANTUM_NS = 500_000  # finish times closer than this to the last ones sent count as unchanged
 
 
 class SignalMessage(msgspec.Struct, frozen=True, array_like=True):
@@ -39,42 +40,52 @@ _decoder = msgspec.msgpack.Decoder(SignalMessage)
 
 
 class SignalPublisher:
-    """Publishes ``compute()`` on ``endpoint`` every ``period_s`` until closed."""
+    """Publishes ``compute()`` on ``endpoint`` at every ``tick`` (the controller's 5 ms timer) when it
+    changed, and every ``HEARTBEAT_S`` anyway. Sends never wait: a subscriber that does not read loses
+    old signals, not memory."""
 
-    def __init__(self, endpoint: str, compute: Callable[[], CellSignal], period_s: float = SIGNAL_PERIOD_S) -> None:
+    def __init__(self, endpoint: str, compute: Callable[[], CellSignal]) -> None:
         self.endpoint = endpoint
         self._compute = compute
-        self._period_s = period_s
-        self._socket: zmq.asyncio.Socket | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._socket: zmq.Socket[bytes] | None = None
+        self._last_shape: object = None
+        self._last_sent_ns = 0
         self.published = 0
 
     def start(self) -> None:
-        socket = zmq.asyncio.Context.instance().socket(zmq.PUB)
+        socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
         socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.SNDHWM, 16)  # a subscriber that does not read loses old signals, not memory
+        socket.setsockopt(zmq.SNDHWM, 16)
         socket.bind(self.endpoint)
         self._socket = socket
-        self._task = asyncio.create_task(self._run())
 
-    async def _run(self) -> None:
-        assert self._socket is not None
-        while True:
-            signal = self._compute()
-            message = SignalMessage(signal.cell, signal.at_ns, signal.devices, dict(signal.finish_ns),
-                                    signal.cold_start_ns)  # fmt: skip
-            with contextlib.suppress(zmq.Again):
-                await self._socket.send(_encoder.encode(message), zmq.NOBLOCK)
-            self.published += 1
-            await asyncio.sleep(self._period_s)
+    def tick(self) -> None:
+        """A signal whose times, relative to its own moment, moved less than ``QUANTUM_NS`` since the
+        last one sent is not sent (a router reads a time past as now), except every ``HEARTBEAT_S``."""
+        if self._socket is None:
+            return
+        signal = self._compute()
+        shape = _shape(signal)
+        if shape == self._last_shape and signal.at_ns - self._last_sent_ns < HEARTBEAT_S * 1e9:
+            return
+        message = SignalMessage(signal.cell, signal.at_ns, signal.devices, dict(signal.finish_ns),
+                                signal.cold_start_ns)  # fmt: skip
+        with contextlib.suppress(zmq.Again):
+            self._socket.send(_encoder.encode(message), zmq.NOBLOCK)
+        self.published += 1
+        self._last_shape, self._last_sent_ns = shape, signal.at_ns
 
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    def close(self) -> None:
         if self._socket is not None:
             self._socket.close(0)
+            self._socket = None
+
+
+def _shape(signal: CellSignal) -> object:
+    """The signal's times relative to its moment, in quanta (what routing would see differently)."""
+    at = signal.at_ns
+    finish = tuple(sorted((m, (t - at) // QUANTUM_NS) for m, t in signal.finish_ns.items()))
+    return signal.devices, finish, max(signal.cold_start_ns - at, 0) // QUANTUM_NS
 
 
 class SignalSubscriber:
@@ -107,9 +118,13 @@ class SignalSubscriber:
             self._deliver(message.signal())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._socket is not None:
-            self._socket.close(0)
+        await _stop(self._task, self._socket)
+
+
+async def _stop(task: asyncio.Task[None] | None, socket: zmq.asyncio.Socket | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if socket is not None:
+        socket.close(0)

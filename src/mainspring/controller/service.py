@@ -134,6 +134,8 @@ class ControllerService:
         self.state_listeners: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._announcements: set[asyncio.Task[None]] = set()
         self.worker_joined = asyncio.Event()
+        # Called on every tick of the loop-lag timer (every 5 ms once a worker joined): a cell's load signal.
+        self.tick_listeners: list[Callable[[], None]] = []
         self._watchdog: asyncio.Task[None] | None = None
         self._lag_monitor: asyncio.Task[None] | None = None
 
@@ -316,6 +318,8 @@ class ControllerService:
             elapsed = time.monotonic_ns() - begin
             late, previous = min(elapsed - period_ns, previous), elapsed - period_ns
             self.loop_lag_ns = round(max(late, self.loop_lag_ns * 0.5 ** (elapsed / 100e6)))
+            for listener in self.tick_listeners:
+                listener()
 
     async def _watch_actions(self, period_s: float = 0.25) -> None:
         """A worker whose action never reports (a lane hung inside a live process, which still answers

@@ -90,14 +90,17 @@ class RemoteController:
     async def rejoin(self) -> None:
         """Join a restarted controller on a fresh socket: what was queued for the one that died is dropped
         with the old socket, not handed to the new one."""
+        await self._stop_receiving()
+        self._joined.clear()
+        await self.start()
+
+    async def _stop_receiving(self) -> None:
         if self._receiver is not None:
             self._receiver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._receiver
         if self._socket is not None:
             self._socket.close(0)
-        self._joined.clear()
-        await self.start()
 
     async def close(self) -> None:
         if self._dropped_due is not None:  # what is counted still goes to the controller
@@ -105,12 +108,7 @@ class RemoteController:
             self._send_dropped()
         if self._sends:
             await asyncio.wait(self._sends, timeout=1.0)
-        if self._receiver is not None:
-            self._receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._receiver
-        if self._socket is not None:
-            self._socket.close(0)
+        await self._stop_receiving()
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(ServiceError("unavailable", "the frontend is shutting down"))

@@ -30,8 +30,10 @@ class EvictWeights(_ActionFields, frozen=True, tag=True):
 
 
 class Infer(_ActionFields, frozen=True, tag=True):
-    """Run one batch of requests; ``batch_size`` is the padded, supported size. ``deadlines_ns``
-    (one per request, or none) bound how long a failed batch may spend running requests alone."""
+    """Run one batch of requests; ``batch_size`` is the padded, supported size. ``deadlines_ns`` (one
+    per request, or none): when each request's result must be ready at the worker, its deadline less
+    the controller's margin for the answer's trip back (every policy sends that meaning); they bound
+    how long a failed batch may spend running requests alone."""
 
     request_ids: tuple[int, ...]
     batch_size: int

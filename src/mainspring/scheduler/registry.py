@@ -37,7 +37,9 @@ SETTABLE = tuple(_WITH_SETTINGS)
 _FACTORIES: dict[str, SchedulerFactory] = {
     "clockwork": _clockwork(),
     # INFER4 keeps its own 5 ms buffer before every deadline; the baselines plan no deadlines.
-    "infer4": lambda profiles, devices, rng, margin_ns: Infer4Scheduler(profiles, devices, rng),
+    "infer4": lambda profiles, devices, rng, margin_ns: Infer4Scheduler(
+        profiles, devices, rng, deadline_margin_ns=margin_ns
+    ),
     "triton": lambda profiles, devices, rng, margin_ns: TritonScheduler(profiles, devices, ReactiveConfig()),
     "clipper": lambda profiles, devices, rng, margin_ns: ClipperScheduler(profiles, devices, ReactiveConfig()),
 }

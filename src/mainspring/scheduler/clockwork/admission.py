@@ -1,7 +1,7 @@
 """Admission: recent demand per model and device, and the decision to queue or reject a request at once.
 
-A request is queued when some device can finish it by its deadline (less the deadline
-margin): a device holding its model, after the work queued there that is due no later (at
+A request is queued when some device can finish it by its deadline (the policy took the deadline
+margin off at arrival): a device holding its model, after the work queued there that is due no later (at
 the least lane time its batches can take: a lower bound), or another device after loading
 the model. When only a new replica could serve it, the model is marked for one
 (``needs_replica``) and the load planner places it. A model asking more of its holders than
@@ -67,7 +67,6 @@ class Admission:
         self._shapes = shapes
         self._idle_victims = idle_victims  # models a device could evict, idle ones only, to take a model
         self._memory_ns = ms_to_ns(config.rate_memory_ms)
-        self._margin_ns = config.deadline_margin_ns
         self._arrivals: dict[str, DecayingRate] = {}  # per model: requests per unit of memory
         self._popularity: dict[str, DecayingRate] = {}  # the same over ``popularity_memory_ms`` (evictions)
         self._popularity_ns = ms_to_ns(config.popularity_memory_ms)
@@ -131,7 +130,7 @@ class Admission:
     def rejection(self, request: Request, now_ns: int) -> Refusal | None:
         """Why ``request`` must be rejected now, or None to queue it."""
         model = request.model
-        finish_by = request.deadline_ns - self._margin_ns
+        finish_by = request.deadline_ns
         held = self._residency.holding(model)
         on_holder = min((self._completion_on(d, request, now_ns) for d in held), default=NEVER)
         if on_holder <= finish_by and (not self.config.share_admission or self._within_share(request, now_ns)):

@@ -64,7 +64,6 @@ class BatchPlanner:
         self._shapes = shapes
         self._admission = admission
         self._feasible_head = feasible_head
-        self._margin_ns = config.deadline_margin_ns
         self._gather_max_ns = config.gather_max_ns
 
     def weigh(self, device: DeviceState, start_ns: int, now_ns: int) -> list[Choice]:
@@ -74,7 +73,7 @@ class BatchPlanner:
         estimates the smallest size is also the cheapest, so such a queue runs at that size if at
         all, read here from its estimate. The other queues go the general way."""
         choices = []
-        loading, queues, margin = device.loading, self._queues, self._margin_ns
+        loading, queues = device.loading, self._queues
         kind = device.kind
         kept, estimates = self._shapes.of_kind(kind), self._shapes.estimates
         lone = self.config.monotone_estimates
@@ -88,7 +87,7 @@ class BatchPlanner:
             else:
                 size, exec_ns = (kept.get(model) or estimates(model, kind))[0][0]
                 deadline = head.deadline_ns
-                if deadline - margin - start_ns >= exec_ns:
+                if deadline - start_ns >= exec_ns:
                     fields = (deadline - start_ns - exec_ns, model, start_ns, 1, size, deadline, 0)
                     choices.append(_new_choice(Choice, fields))
                     continue
@@ -130,7 +129,7 @@ class BatchPlanner:
         head = queue.head()
         assert head is not None  # the queue holds the chosen batch
         until = max(device.exec_lane.free_ns, head.arrival_ns) + min(saved, self._gather_max_ns)
-        if until <= now_ns or until + least_work(table, n + 1) > choice.deadline_ns - self._margin_ns:
+        if until <= now_ns or until + least_work(table, n + 1) > choice.deadline_ns:
             return None
         return until
 
@@ -177,17 +176,17 @@ class BatchPlanner:
             return choice
         deadlines = sorted(r.deadline_ns for r in queue.requests())
         count, n = len(deadlines), choice.n_requests
-        kind, margin = device.kind, self._margin_ns
+        kind = device.kind
         after = start_ns + shapes.exec_ns(model, choice.batch_size, kind)
         rest = shapes.padded(model, min(count - n, largest))
-        if after + shapes.exec_ns(model, rest, kind) + margin <= deadlines[n]:
+        if after + shapes.exec_ns(model, rest, kind) <= deadlines[n]:
             return choice  # the rest can follow: nothing is lost by serving the head first
         if self._holders_take_rest(device, model, start_ns, after, count - n, deadlines[n]):
             return choice  # this device after the chosen batch and the other holders can take the rest
         for skip in range(1, count):
             size = shapes.padded(model, min(count - skip, largest))
             exec_ns = shapes.exec_ns(model, size, kind)
-            if start_ns + exec_ns + margin <= deadlines[skip]:
+            if start_ns + exec_ns <= deadlines[skip]:
                 n_requests = min(count - skip, size)
                 return Choice(
                     deadlines[skip] - start_ns - exec_ns, model, start_ns, n_requests, size, deadlines[skip], skip
@@ -211,21 +210,21 @@ class BatchPlanner:
         return False
 
     def largest_batch_by(self, model: str, kind: str, start_ns: int, finish_by_ns: int) -> int:
-        """The largest batch size of ``model`` that, started at ``start_ns``, ends (with the margin) by
-        ``finish_by_ns``; 0 if none does."""
+        """The largest batch size of ``model`` that, started at ``start_ns``, ends by ``finish_by_ns``; 0 if
+        none does."""
         for size, exec_ns in reversed(self._shapes.estimates(model, kind)[0]):
-            if start_ns + exec_ns + self._margin_ns <= finish_by_ns:
+            if start_ns + exec_ns <= finish_by_ns:
                 return size
         return 0
 
     def _batch_within(
         self, device: DeviceState, queue: ModelQueue, head: Request, start_ns: int, finish_by_ns: int
     ) -> Choice | None:
-        """The largest batch of ``queue``'s model starting at ``start_ns`` that ends (with the margin) by
-        ``finish_by_ns``; ``head`` is the queue's most urgent request."""
+        """The largest batch of ``queue``'s model starting at ``start_ns`` that ends by ``finish_by_ns``;
+        ``head`` is the queue's most urgent request."""
         model, kind = queue.model, device.kind
         table, fastest = self._shapes.estimates(model, kind)
-        latest_end = finish_by_ns - self._margin_ns - start_ns
+        latest_end = finish_by_ns - start_ns
         if latest_end < fastest:
             return None  # no size fits (the common answer on a booked lane)
         smallest = table[0][0]
@@ -276,7 +275,7 @@ class BatchPlanner:
         finish = chosen.start_ns
         for choice in sorted(choices):
             finish += duration[choice.model]
-            if finish + self._margin_ns > choice.deadline_ns:
+            if finish > choice.deadline_ns:
                 return max(choices, key=lambda c: (self._efficiency(c, duration[c.model], kind), -c.slack_ns))
         return None  # deadline order serves them all: nothing to trade
 
@@ -291,18 +290,18 @@ class BatchPlanner:
         """One step of lookahead that Clockwork's bump lacks: if the least-slack batch would
         end too late for the next most urgent model, run that model first when the chosen
         one can afford the wait, else shrink the chosen batch so both make it."""
-        kind, fastest_ns, margin = device.kind, self._shapes.fastest_ns, self._margin_ns
+        kind, fastest_ns = device.kind, self._shapes.fastest_ns
         chosen_ns = chosen.exec_ns
         others = [c for c in choices if c.model != chosen.model]
         urgent = min(others, key=lambda c: c.deadline_ns - fastest_ns(c.model, kind))
-        urgent_latest_start = urgent.deadline_ns - margin - fastest_ns(urgent.model, kind)
+        urgent_latest_start = urgent.deadline_ns - fastest_ns(urgent.model, kind)
         if chosen.start_ns + chosen_ns <= urgent_latest_start:
             return chosen
         if self.config.lookahead_within_share and self._admission.over_share(urgent.model, device, now_ns):
             return chosen  # lookahead protects models within their share, not one over-share model from another
-        finish_by = min(urgent.deadline_ns, chosen.deadline_ns - margin - chosen_ns)
+        finish_by = min(urgent.deadline_ns, chosen.deadline_ns - chosen_ns)
         first = self._batch_within_head(device, urgent.model, urgent.start_ns, finish_by)
         if first is not None:
             return first
-        smaller = self._batch_within_head(device, chosen.model, chosen.start_ns, urgent_latest_start + margin)
+        smaller = self._batch_within_head(device, chosen.model, chosen.start_ns, urgent_latest_start)
         return smaller if smaller is not None and smaller.deadline_ns >= chosen.deadline_ns else chosen

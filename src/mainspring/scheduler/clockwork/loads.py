@@ -249,7 +249,7 @@ class LoadPlanner:
         estimator = self._shapes.estimator
         ready = max(now_ns, device.load_lane.free_ns) + estimator.load_ns(model, device.kind)
         start = max(ready, device.exec_lane.free_ns)
-        finish = start + self._shapes.fastest_ns(model, device.kind) + self.config.deadline_margin_ns
+        finish = start + self._shapes.fastest_ns(model, device.kind)
         return finish <= self._queues[model].max_deadline_ns
 
     def eviction_victims(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import (
@@ -114,6 +114,8 @@ class ClockworkScheduler(PolicyBookkeeping):
     def on_request(self, request: Request, now_ns: int) -> None:
         if self._refuse_unservable(request, (d.spec for d in self.residency.devices)):
             return
+        if self._margin_ns:  # from here on its deadline is when its result must be ready: computed once
+            request = replace(request, deadline_ns=request.deadline_ns - self._margin_ns)
         self.estimator.expire(now_ns)
         model = request.model
         if self.config.demand_counts_rejected:
@@ -186,8 +188,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         for request in lost:
             if not self.residency.devices:
                 self._answer(request, Outcome.NO_WORKER, "no worker is connected")
-            elif request.model in self.profiles and now_ns + self._fastest_anywhere(request.model) <= (
-                request.deadline_ns - self._margin_ns
+            elif request.model in self.profiles and (
+                now_ns + self._fastest_anywhere(request.model) <= request.deadline_ns
             ):
                 self._enqueue(request)
             else:
@@ -224,7 +226,7 @@ class ClockworkScheduler(PolicyBookkeeping):
     # --- queues ---------------------------------------------------------------------------
     def _enqueue(self, request: Request) -> None:
         """Queue ``request`` until the last moment its fastest batch could start on any device."""
-        expires = request.deadline_ns - self._margin_ns - self._fastest_anywhere(request.model) + 1
+        expires = request.deadline_ns - self._fastest_anywhere(request.model) + 1
         after = self.config.spill_after
         strands = None if after is None else request.arrival_ns + int(after * request.slo_ns) + 1
         if self.queues.push(request, expires, strands):
@@ -278,7 +280,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             if head is None:
                 self._close_if_empty(queue.model)
                 return None
-            if self._earliest_completion(queue.model, now_ns) + self._margin_ns <= head.deadline_ns:
+            if self._earliest_completion(queue.model, now_ns) <= head.deadline_ns:
                 return head
             queue.pop()
             self._reject_expired(head, now_ns)
@@ -305,7 +307,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         for request in passed_over:
             queue.push(request)
         expected = self.shapes.exec_ns(model, choice.batch_size, device.kind)
-        latest = min(min(r.deadline_ns for r in batch) - self._margin_ns - expected, start + self._slack_ns)
+        latest = min(min(r.deadline_ns for r in batch) - expected, start + self._slack_ns)
         earliest = now_ns if self.config.start_early else start
         action = self._dispatch_infer(device, batch, choice.batch_size, (earliest, start, latest), expected, now_ns)
         decisions.actions.append(action)
@@ -333,7 +335,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             expected_duration_ns=expected_ns,
             request_ids=tuple(r.id for r in batch),
             batch_size=batch_size,
-            deadlines_ns=tuple(r.deadline_ns - self._margin_ns for r in batch),  # the result must travel back
+            deadlines_ns=tuple(r.deadline_ns for r in batch),  # the margin for the trip back taken at arrival
         )
         device.exec_lane.plan(action.action_id, start, expected_ns)
         device.pin(model)
@@ -352,7 +354,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         if after is None or (last is not None and now_ns - last < ms_to_ns(after)):
             return False  # measured lately: the estimate is evidence, not a stale figure
         profiled = min(self.profiles[model].exec_ns.values())
-        if now_ns + profiled / STALE_FACTOR > request.deadline_ns - self._margin_ns:
+        if now_ns + profiled / STALE_FACTOR > request.deadline_ns:
             return False  # not even a profile taken on a busy machine could be that far off: it would answer late
         idle = [
             d

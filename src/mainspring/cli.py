@@ -22,8 +22,8 @@ from mainspring.cli_workload import (
 )
 from mainspring.models.profile import ModelProfile, model_copies
 from mainspring.models.repository import profiles_from
-from mainspring.protocol import MAX_SLO_MS
 from mainspring.protocol.pages import MIB
+from mainspring.protocol.requests import slo_problem
 from mainspring.scheduler.registry import SETTABLE, clockwork_config, parse_policies, policy_names
 from mainspring.settings import key_values
 from mainspring.sim.cells import CellsConfig, format_cells
@@ -109,8 +109,8 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
     seconds = duration_s(args)
     if seconds <= 0:
         raise CliError(f"--duration-s must be positive, got {seconds:g}")
-    if not 0 < args.slo_ms <= MAX_SLO_MS:
-        raise CliError(f"--slo-ms must be positive and at most {MAX_SLO_MS} (one day), got {args.slo_ms}")
+    if (problem := slo_problem("--slo-ms", args.slo_ms)) is not None:
+        raise CliError(problem)
     if args.warmup_s < 0:
         raise CliError(f"--warmup-s must not be negative, got {args.warmup_s}")
     if args.page_mib > 0 and 0 < args.device_memory_gib * 1024 < args.page_mib:

@@ -131,6 +131,7 @@ class Server:
         self._supervisor: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
         self._publisher: SignalPublisher | None = None
+        self._incarnation = time.monotonic_ns()  # a cell's: tells the frontends a restarted process from a slow one
         self._stop = asyncio.Event()
         self._ready = False
 
@@ -216,7 +217,7 @@ class Server:
         now = service.clock.now_ns()
         signal = cell_signal(self.cell.index, service.policy, service.device_count, now, names)
         finish = {names[key]: end for key, end in signal.finish_ns.items()}
-        return CellSignal(signal.cell, signal.at_ns, signal.devices, finish, signal.cold_start_ns)
+        return CellSignal(signal.cell, signal.at_ns, signal.devices, finish, signal.cold_start_ns, self._incarnation)
 
     def _check_devices(self) -> None:
         from mainspring.worker.torch_worker import torch_device

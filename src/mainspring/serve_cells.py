@@ -133,7 +133,7 @@ class Cells:
                 if code is None or self._stopping:
                     continue
                 if cell.restart_at is None:
-                    self._port.lost(self._processes.index(cell), f"its process exited with code {code}")
+                    self._port.dead(self._processes.index(cell), f"its process exited with code {code}")
                     recent = cell.restarts_in_last_minute(now)
                     first, longest = RESTART_BACKOFF_S
                     cell.restart_at = now + min(longest, first * 2**recent)

@@ -14,9 +14,8 @@ from typing import Any
 
 from mainspring.frontend.limits import RequestLimits
 from mainspring.models.repository import ModelRepository
-from mainspring.protocol import MAX_SLO_MS
 from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB
-from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
+from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS, slo_problem
 from mainspring.scheduler.clockwork.config import NOT_A_POLICY_SETTING, ClockworkConfig
 from mainspring.scheduler.registry import DEFAULT_POLICY, SETTABLE, clockwork_config, policy_names
 from mainspring.settings import dataclass_values, key_values
@@ -97,8 +96,8 @@ class ServeConfig:
             problems.append(f"workers={self.workers!r} must be 'local' or 'tcp'")
         if self.policy not in policy_names():
             problems.append(f"policy={self.policy!r} is not one of {', '.join(policy_names())}")
-        if not 0 < self.slo_ms <= MAX_SLO_MS:
-            problems.append(f"slo_ms={self.slo_ms} must be positive and at most {MAX_SLO_MS} (one day)")
+        if (problem := slo_problem("slo_ms", self.slo_ms)) is not None:
+            problems.append(problem)
         if not 0 <= self.deadline_margin_ms < self.slo_ms:
             problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must lie in [0, slo_ms)")
         if self.event_loop not in ("asyncio", "uvloop"):

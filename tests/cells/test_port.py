@@ -17,7 +17,7 @@ mainspring_devices 2.0
 
 
 def test_every_sample_gets_its_cell_and_each_family_stays_whole() -> None:
-    merged = merge_expositions([CELL_TEXT.encode(), CELL_TEXT.replace("3.0", "5.0").encode()]).decode()
+    merged = merge_expositions([(0, CELL_TEXT.encode()), (1, CELL_TEXT.replace("3.0", "5.0").encode())]).decode()
     families = {f.name: f for f in text_string_to_metric_families(merged)}  # a strict parser reads it
     requests = families["mainspring_requests"].samples
     assert sorted((s.labels["cell"], s.labels["model"], s.value) for s in requests) == [
@@ -31,6 +31,6 @@ def test_every_sample_gets_its_cell_and_each_family_stays_whole() -> None:
 
 def test_a_cell_with_a_family_the_first_lacks_still_has_its_header() -> None:
     other = "# HELP extra_total An extra\n# TYPE extra_total counter\nextra_total 1.0\n"
-    merged = merge_expositions([CELL_TEXT.encode(), other.encode()]).decode()
+    merged = merge_expositions([(0, CELL_TEXT.encode()), (1, other.encode())]).decode()
     families = {f.name: f for f in text_string_to_metric_families(merged)}
     assert [(s.labels, s.value) for s in families["extra"].samples] == [({"cell": "1"}, 1.0)]

@@ -95,6 +95,20 @@ def test_a_guarded_controller_refuses_at_once_when_far_behind() -> None:
     assert all(r.answered_ns == r.arrival_ns for r in overloaded)  # refused before the policy
 
 
+def test_requests_still_waiting_for_a_core_when_the_run_ends_are_answered() -> None:
+    """A controller far behind when the run stops (no drain, no overload guard): every request routed to a
+    cell is answered once, those it never took in as shutting down."""
+    stalled = ControllerCost(40 * NS_PER_MS, 0, 0, 0, 0, 0)
+    config = SimulationConfig(duration_ns=s_to_ns(1), devices=2, seed=4, drain_ns=0)
+    cells = CellsConfig(2, stalled, max_lag_ns=10 * NS_PER_S, retry_rejected=True)
+    result = simulate("clockwork", MODELS, PoissonOpenLoop(300.0), config, cells=cells)
+    check_invariants(result)
+    assert result.cells is not None
+    assert len(result.recorder.requests) == sum(c.requests for c in result.cells.cells) - result.cells.second_tries
+    shut = [r for r in result.recorder.requests if r.outcome == Outcome.SHUTTING_DOWN.value]
+    assert len(shut) > 100  # most never reached a policy
+
+
 def test_a_hot_model_is_replicated_and_routed_by_signal() -> None:
     """One model with the load of two devices, over cells of two: the planner gives it more cells and
     the router spreads it by their signals; it is served as well as by one controller over all six."""

@@ -1,9 +1,9 @@
 """The controller's CPU time per policy call, as a deterministic model.
 
-The simulator charges it to simulated time (``sim/costed.py``): a controller core is busy for as
+The simulator charges it to simulated time (``sim/core.py``): a controller core is busy for as
 long as its policy takes, so an overloaded one plans late, as it does live. The coefficients are
 least-squares fits of the policy's own thread time per call (``TimedScheduler``'s measure), over
-runs of 1 to 16 devices: ``.venv/bin/python benchmarks/controller_cost.py --calibrate``.
+runs of 1 to 16 devices: ``.venv/bin/python benchmarks/controller_cost_fit.py``.
 """
 
 from __future__ import annotations

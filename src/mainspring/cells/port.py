@@ -25,7 +25,6 @@ from mainspring.cells.routing import CellSignal, Costs, Router, routing_costs
 from mainspring.cells.wire import SignalSubscriber
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.frontend.remote import RemoteController
-from mainspring.protocol import Outcome
 from mainspring.protocol.pages import DEFAULT_POOL_BYTES
 from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
@@ -38,75 +37,89 @@ DEVICE_ID_STRIDE = 1000  # the live page shows cell i's device d as i * this + d
 
 
 class CellsPort:
-    """``ControllerPort`` over the cells' controllers (``RemoteController`` each, on ``endpoints``)."""
+    """``ControllerPort`` over the cells' controllers (``RemoteController`` each, on ``endpoints``).
+
+    A cell is *silent* when its signal has not come for ``STALE_S``: no request goes to it, but what it
+    holds is left to it (a slow cell still answers). It is *dead* when its process is known to have
+    exited (``dead``, from the process that started it) or a signal comes from a new run of it: then
+    the calls it held fail at once (it never answers them) and are tried on another cell, and its
+    socket is replaced, so that nothing queued for the dead process reaches the next one."""
 
     def __init__(
         self,
         name: str,
         endpoints: Sequence[str],
         signal_endpoints: Sequence[str],
-        retry_rejected: bool = False,
         placement: PlacementConfig | None = None,
     ) -> None:
         self.cells = [RemoteController(endpoint, f"{name}/cell-{i}") for i, endpoint in enumerate(endpoints)]
         self.router = Router()
-        self.retry_rejected = retry_rejected
-        self.second_tries = 0
-        self.moved_calls = 0  # calls a lost cell held, served by another
+        self.moved_calls = 0  # calls a dead cell held, served by another
         self._placement_config = placement or PlacementConfig()
         self._subscriber = SignalSubscriber(list(signal_endpoints), self._signal)
         self._seen: dict[int, int] = {}  # cell -> monotonic ns of its last signal
-        self._gone: set[int] = set()
+        self._incarnation: dict[int, int] = {}  # cell -> the run of its process that signalled last
+        self._silent: set[int] = set()
+        self._dead: set[int] = set()
         self._rejoining: set[int] = set()
         self.placement: Placement = {}
         self._arrivals: Counter[str] = Counter()
         self._rates: dict[str, float] = {}
-        self._planner: asyncio.Task[None] | None = None
-        self._watcher: asyncio.Task[None] | None = None
-        self._rejoins: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, timeout_s: float = 60.0) -> None:
         self._subscriber.start()
         await asyncio.gather(*(cell.start(timeout_s) for cell in self.cells))
         self._replan(REPLAN_S[0])
-        self._planner = asyncio.create_task(self._plan_every())
-        self._watcher = asyncio.create_task(self._watch())
+        self._spawn(self._plan_every())
+        self._spawn(self._watch())
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _watch(self, period_s: float = 0.1) -> None:
         while True:
             await asyncio.sleep(period_s)
             self.live_cells()
 
-    def lost(self, index: int, why: str) -> None:
-        """Cell ``index`` is gone (its process exited, or its signal stopped): requests go elsewhere, and
-        its unanswered calls fail now, to be tried on another cell while their deadlines allow."""
-        if index in self._gone:
+    def dead(self, index: int, why: str) -> None:
+        """Cell ``index``'s process is gone: requests go elsewhere, the calls it held fail now (to be tried
+        on another cell while their deadlines allow), and what was queued for it is dropped."""
+        if index in self._dead:
             return
-        self._gone.add(index)
+        self._dead.add(index)
         failed = self.cells[index].fail_waiting(f"cell {index}'s controller is gone ({why})")
+        self._spawn(self.cells[index].disconnect())
         log.warning("cell %d is gone (%s): its models go to the other cells; %d call(s) it held are tried "
                     "elsewhere", index, why, failed)  # fmt: skip
 
     async def close(self) -> None:
-        for task in (self._planner, self._watcher, *self._rejoins):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        await self._subscriber.close()
-        await asyncio.gather(*(cell.close() for cell in self.cells))
+        await self._subscriber.close()  # first: no signal starts a rejoin while the rest closes
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.gather(*(cell.close() for cell in self.cells), return_exceptions=True)
 
     # --- the signal and the placement --------------------------------------------------------------
     def _signal(self, signal: CellSignal) -> None:
-        if not 0 <= signal.cell < len(self.cells):
+        index = signal.cell
+        if not 0 <= index < len(self.cells):
             return
+        known = self._incarnation.get(index)
+        self._incarnation[index] = signal.incarnation
+        if known is not None and known != signal.incarnation:
+            self.dead(index, "it was restarted")  # whatever this frontend missed of its exit
         self.router.publish(signal)
-        self._seen[signal.cell] = time.monotonic_ns()
-        if signal.cell in self._gone and signal.cell not in self._rejoining:  # restarted: it knows us no more
-            self._rejoining.add(signal.cell)
-            task = asyncio.create_task(self._rejoin(signal.cell))
-            self._rejoins.add(task)
-            task.add_done_callback(self._rejoins.discard)
+        self._seen[index] = time.monotonic_ns()
+        if index in self._silent:
+            self._silent.discard(index)
+            log.info("cell %d signals again", index)
+        if index in self._dead and index not in self._rejoining:  # a new run: it knows this frontend no more
+            self._rejoining.add(index)
+            self._spawn(self._rejoin(index))
 
     async def _rejoin(self, index: int) -> None:
         try:
@@ -114,23 +127,28 @@ class CellsPort:
         except (TimeoutError, ServiceError) as error:
             log.warning("cell %d did not take this frontend back: %r", index, error)
         else:
-            self._gone.discard(index)
+            self._dead.discard(index)
             log.info("cell %d is back, with %d device(s)", index, self.cells[index].device_count)
         finally:
             self._rejoining.discard(index)
 
     def live_cells(self) -> list[int]:
-        """Cells whose signal came within ``STALE_S``."""
+        """Cells neither dead nor silent (their signal came within ``STALE_S``)."""
         now = time.monotonic_ns()
         live = []
         for index in range(len(self.cells)):
-            if index in self._gone:
+            if index in self._dead:
                 continue
             if now - self._seen.get(index, 0) <= STALE_S * 1e9:
                 live.append(index)
-            elif index in self._seen:
-                self.lost(index, f"no load signal for {STALE_S:g} s")
+            elif index in self._seen and index not in self._silent:
+                self._silent.add(index)
+                log.warning("cell %d sent no load signal for %g s: no new request goes to it", index, STALE_S)
         return live
+
+    def _reachable(self) -> list[RemoteController]:
+        """The cells a call can reach (not dead): the others would only make it wait out its bound."""
+        return [cell for index, cell in enumerate(self.cells) if index not in self._dead]
 
     async def _plan_every(self) -> None:
         interval = REPLAN_S[0]
@@ -191,55 +209,52 @@ class CellsPort:
         return self.cells[0].default_slo_ns
 
     async def refresh(self) -> bool:
-        await asyncio.gather(*(cell.refresh() for cell in self.cells))
+        await asyncio.gather(*(cell.refresh() for cell in self._reachable()))
         return True
 
     async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
         self._arrivals[model] += len(samples)
         served = self.models.get(model)
         costs = routing_costs(served.profile) if served is not None else Costs(0, 0, 0)
-        cells = self._cells_for(model)
         now = time.monotonic_ns()
         deadline = now + (slo_ns if slo_ns is not None else self.default_slo_ns)
-        chosen = self.router.pick(model, cells, now, costs)
+        chosen = self.router.pick(model, self._cells_for(model), now, costs)
         try:
-            answers = await self.cells[chosen].infer(model, samples, slo_ns)
+            return await self.cells[chosen].infer(model, samples, slo_ns)
         except ServiceError as error:
-            if error.kind != "unavailable" or chosen not in self._gone:
-                raise
             others = [c for c in self._cells_for(model) if c != chosen]
-            if not others or time.monotonic_ns() >= deadline:
+            if error.kind != "unavailable" or chosen not in self._dead or not others:
                 raise
-            self.moved_calls += 1  # the cell died with it: it was never answered there
-            return await self.cells[others[0]].infer(model, samples, deadline - time.monotonic_ns())
-        if not self.retry_rejected or any(r.outcome is not Outcome.DEADLINE_AT_ARRIVAL for r, _ in answers):
-            return answers
-        second = self.router.second_choice(model, cells, chosen, time.monotonic_ns(), deadline, costs)
-        if second is None:
-            return answers
-        self.second_tries += 1
-        remaining = deadline - time.monotonic_ns()
-        return await self.cells[second].infer(model, samples, max(remaining, 1))
+            left = deadline - time.monotonic_ns()
+            if left <= 0:
+                raise
+            self.moved_calls += 1  # its cell died with it: it was never answered there
+            return await self.cells[others[0]].infer(model, samples, left)
 
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
-        await self._everywhere([cell.load_model(model, timeout_s) for cell in self.cells])
+        await self._everywhere([cell.load_model(model, timeout_s) for cell in self._reachable()], "load", model)
 
     async def reload_model(self, model: str, timeout_s: float = 120.0) -> None:
-        await self._everywhere([cell.reload_model(model, timeout_s) for cell in self.cells])
+        await self._everywhere([cell.reload_model(model, timeout_s) for cell in self._reachable()], "reload", model)
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
-        await self._everywhere([cell.unload_model(model, timeout_s) for cell in self.cells])
+        await self._everywhere([cell.unload_model(model, timeout_s) for cell in self._reachable()], "unload", model)
 
-    async def _everywhere(self, calls: list[Any]) -> None:
-        """Every cell's call runs to its end; the first failure is raised after (a cell that failed keeps
-        what it had, as one controller does)."""
+    async def _everywhere(self, calls: list[Any], what: str, model: str) -> None:
+        """Every reachable cell's call runs to its end; the first failure is raised after (a cell that
+        failed keeps what it had, as one controller does). A dead cell misses it: a restarted cell
+        serves what its repository and workers say."""
+        if len(calls) < len(self.cells):
+            log.warning("%s of %s reaches %d of %d cells (the others are restarting)", what, model, len(calls),
+                        len(self.cells))  # fmt: skip
         results = await asyncio.gather(*calls, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
 
     async def model_statistics(self, model: str) -> ModelStats:
-        stats = await asyncio.gather(*(cell.model_statistics(model) for cell in self.cells), return_exceptions=True)
+        cells = self._reachable()
+        stats = await asyncio.gather(*(cell.model_statistics(model) for cell in cells), return_exceptions=True)
         found = [s for s in stats if isinstance(s, ModelStats)]
         if not found:
             error = next(s for s in stats if isinstance(s, BaseException))
@@ -253,19 +268,22 @@ class CellsPort:
         return total
 
     async def exposition(self) -> bytes:
-        texts = await asyncio.gather(*(self._cell_exposition(cell) for cell in self.cells))
+        texts = await asyncio.gather(*(self._cell_exposition(i, cell) for i, cell in enumerate(self.cells)))
         return merge_expositions([t for t in texts if t is not None])
 
-    async def _cell_exposition(self, cell: RemoteController) -> bytes | None:
+    async def _cell_exposition(self, index: int, cell: RemoteController) -> tuple[int, bytes] | None:
+        if index in self._dead:
+            return None
         try:
-            return await cell.exposition()
+            return index, await cell.exposition()
         except ServiceError:
             return None  # a cell that is gone has no metrics to give
 
     async def timeline_view(self, seconds: float) -> dict[str, Any]:
-        views = await asyncio.gather(*(cell.timeline_view(seconds) for cell in self.cells), return_exceptions=True)
+        indices = [i for i in range(len(self.cells)) if i not in self._dead]
+        views = await asyncio.gather(*(self.cells[i].timeline_view(seconds) for i in indices), return_exceptions=True)
         merged: dict[str, Any] = {"seconds": seconds, "devices": [], "actions": [], "misses": []}
-        for index, view in enumerate(views):
+        for index, view in zip(indices, views, strict=True):
             if not isinstance(view, dict):
                 continue
             offset = index * DEVICE_ID_STRIDE
@@ -278,19 +296,19 @@ class CellsPort:
         self.cells[0].count_dropped_client(transport, cause)
 
 
-def merge_expositions(texts: Sequence[bytes]) -> bytes:
+def merge_expositions(texts: Sequence[tuple[int, bytes]]) -> bytes:
     """Prometheus text from several cells as one: each sample gains ``cell="<index>"``, every family's
     samples stay together under one HELP and TYPE (the first cell's)."""
     headers: dict[str, list[str]] = {}
     header_from: dict[str, int] = {}
     samples: dict[str, list[str]] = {}
-    for index, text in enumerate(texts):
+    for index, text in texts:
         family = ""
         for line in text.decode().splitlines():
             if line.startswith("# "):
                 parts = line.split(" ", 3)
                 family = parts[2] if len(parts) > 2 else family
-                if header_from.setdefault(family, index) == index:
+                if header_from.setdefault(family, index) == index:  # the first cell that has it
                     headers.setdefault(family, []).append(line)
                 samples.setdefault(family, [])
             elif line.strip():

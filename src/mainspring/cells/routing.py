@@ -37,6 +37,7 @@ class CellSignal:
     devices: int
     finish_ns: Mapping[str, int] = field(default_factory=dict)  # model -> earliest end of a batch of one
     cold_start_ns: int = 0  # a model it does not hold: the earliest a load could start
+    incarnation: int = 0  # which run of the cell's process (a new value: it was restarted)
 
 
 class Router:

@@ -30,9 +30,10 @@ class SignalMessage(msgspec.Struct, frozen=True, array_like=True):
     devices: int
     finish_ns: dict[str, int]
     cold_start_ns: int
+    incarnation: int = 0
 
     def signal(self) -> CellSignal:
-        return CellSignal(self.cell, self.at_ns, self.devices, self.finish_ns, self.cold_start_ns)
+        return CellSignal(self.cell, self.at_ns, self.devices, self.finish_ns, self.cold_start_ns, self.incarnation)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -69,7 +70,7 @@ class SignalPublisher:
         if shape == self._last_shape and signal.at_ns - self._last_sent_ns < HEARTBEAT_S * 1e9:
             return
         message = SignalMessage(signal.cell, signal.at_ns, signal.devices, dict(signal.finish_ns),
-                                signal.cold_start_ns)  # fmt: skip
+                                signal.cold_start_ns, signal.incarnation)  # fmt: skip
         with contextlib.suppress(zmq.Again):
             self._socket.send(_encoder.encode(message), zmq.NOBLOCK)
         self.published += 1

@@ -138,6 +138,11 @@ class FrontendHub:
             elif isinstance(message, Applied):
                 self._applied[key] = max(self._applied.get(key, 0), message.seq)
                 self._acked.set()
+            elif isinstance(message, Submit | Ask) and key not in self._frontends:
+                # Sent to a process of this controller that died (it queued in the frontend's socket): that
+                # frontend will not wait for it, and running it here would do the work twice.
+                reason = "this controller was restarted since the call was sent; the frontend joins it again"
+                await self._send(key, Refused(message.call, "unavailable", reason))
             elif isinstance(message, Submit) and samples is not None:
                 self._spawn(self._infer(key, message, samples))
             elif isinstance(message, Ask):

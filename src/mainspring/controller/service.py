@@ -318,8 +318,12 @@ class ControllerService:
             elapsed = time.monotonic_ns() - begin
             late, previous = min(elapsed - period_ns, previous), elapsed - period_ns
             self.loop_lag_ns = round(max(late, self.loop_lag_ns * 0.5 ** (elapsed / 100e6)))
-            for listener in self.tick_listeners:
-                listener()
+            for listener in list(self.tick_listeners):
+                try:
+                    listener()
+                except Exception:  # one listener's bug must not stop the overload guard: it is dropped
+                    log.exception("a tick listener failed; it is called no more")
+                    self.tick_listeners.remove(listener)
 
     async def _watch_actions(self, period_s: float = 0.25) -> None:
         """A worker whose action never reports (a lane hung inside a live process, which still answers
@@ -539,12 +543,13 @@ class ControllerService:
         """Stop accepting; wait up to ``timeout_s`` for outstanding requests, then answer the rest with an error."""
         self.accepting = False
         await self._announce()
-        for task in (self._watchdog, self._lag_monitor):
-            if task is not None:
-                task.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
         while self.controller.outstanding and self.clock.now_ns() < deadline:
             await asyncio.sleep(0.01)
+        if self._lag_monitor is not None:  # it ticked on while draining: a cell's signal says it still lives
+            self._lag_monitor.cancel()
         left = self.controller.shutdown("the server is shutting down")
         for handle in list(self._handles.values()):
             handle.close("controller shutting down")

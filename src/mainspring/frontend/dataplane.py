@@ -25,7 +25,8 @@ from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.port import ControllerPort, ServedModel, ServiceError
 from mainspring.models.errors import ModelLoadError
 from mainspring.models.repository import ModelRepository
-from mainspring.protocol import MAX_SLO_MS, Outcome
+from mainspring.protocol import Outcome
+from mainspring.protocol.requests import resolve_slo_ns, slo_problem
 from mainspring.protocol.tensors import DATATYPES, shape_matches
 from mainspring.time import NS_PER_MS, NS_PER_US
 
@@ -314,12 +315,7 @@ class DataPlane:
 
     def _slo_ns(self, served: ServedModel, parameters: Mapping[str, Any]) -> int:
         """The request's SLO (``requested_slo_ns``), else the model's or the server's."""
-        requested = requested_slo_ns(parameters)
-        if requested is not None:
-            return requested
-        if served.config.slo_ms is not None:
-            return round(served.config.slo_ms * NS_PER_MS)
-        return self.service.default_slo_ns
+        return resolve_slo_ns(requested_slo_ns(parameters), served.config.slo_ms, self.service.default_slo_ns)
 
 
 def requested_slo_ns(parameters: Mapping[str, Any]) -> int | None:
@@ -338,14 +334,12 @@ def requested_slo_ns(parameters: Mapping[str, Any]) -> int | None:
 
 
 def _duration_ns(key: str, value: Any, unit: int) -> int:
-    """A positive duration parameter of at most a day in ``unit`` ns, as ns; the range is checked before
-    the conversion, which a value such as 1e308 would overflow."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:  # NaN too
-        raise InferenceError(400, f"parameter {key!r} must be a positive number, got {value!r}"[:300])
-    most = MAX_SLO_MS * NS_PER_MS // unit
-    if value > most:  # infinity, and an integer too large for a float (math.isinf would overflow on it)
-        raise InferenceError(400, f"parameter {key!r} must be at most {most} (one day), got {value!r}"[:300])
-    return max(1, round(value * unit))  # a positive SLO under 1 ns is one that cannot be met, not none
+    """A positive duration parameter of at most a day in ``unit`` ns, as ns (400 naming it otherwise)."""
+    problem = slo_problem(f"parameter {key!r}", value, unit)
+    if problem is not None:
+        raise InferenceError(400, problem)
+    duration: float = value
+    return max(1, round(duration * unit))  # a positive SLO under 1 ns is one that cannot be met, not none
 
 
 # The client's status for each outcome (gRPC maps these once more, in ``grpc.py``).

@@ -87,20 +87,27 @@ class RemoteController:
         self._waiting.clear()
         return len(waiting)
 
+    async def disconnect(self) -> None:
+        """Drop the socket to a controller that died, and what was queued on it for that controller."""
+        await self._stop_receiving()
+
     async def rejoin(self) -> None:
-        """Join a restarted controller on a fresh socket: what was queued for the one that died is dropped
-        with the old socket, not handed to the new one."""
+        """Join a restarted controller on a fresh socket (after ``disconnect``, or the old one is dropped
+        here): nothing queued for the process that died reaches the new one."""
+        self.fail_waiting("the controller was restarted")
         await self._stop_receiving()
         self._joined.clear()
         await self.start()
 
     async def _stop_receiving(self) -> None:
-        if self._receiver is not None:
-            self._receiver.cancel()
+        receiver, socket = self._receiver, self._socket
+        self._receiver = self._socket = None
+        if receiver is not None:
+            receiver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._receiver
-        if self._socket is not None:
-            self._socket.close(0)
+                await receiver
+        if socket is not None:
+            socket.close(0)
 
     async def close(self) -> None:
         if self._dropped_due is not None:  # what is counted still goes to the controller
@@ -146,7 +153,8 @@ class RemoteController:
     ) -> tuple[Any, list[dict[str, Any]] | None]:
         """Send ``message`` and wait for its answer, at most ``timeout_s``: a controller that is gone or
         stuck must not hold a client's call without a bound."""
-        assert self._socket is not None
+        if self._socket is None:
+            raise ServiceError("unavailable", "the controller is gone; this frontend joins it again when it is back")
         future: asyncio.Future[tuple[Any, list[dict[str, Any]] | None]] = asyncio.get_running_loop().create_future()
         self._waiting[call] = future
         await self._socket.send_multipart(encode(message, samples), copy=False)

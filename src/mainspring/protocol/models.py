@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from mainspring.protocol.requests import MAX_SLO_MS
+from mainspring.protocol.requests import slo_problem
 from mainspring.protocol.tensors import TensorSpec
 
 FORMATS = ("torch_export", "torchscript", "safetensors", "onnx")
@@ -57,8 +57,9 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"name {self.name!r} must be letters, digits, '_', '.' or '-' (at most 128)")
         if Path(self.file).name != self.file or self.file in ("", ".", ".."):
             raise ValueError(f"file {self.file!r} must be a file name in the version folder, not a path")
-        if self.slo_ms is not None and not 0 < self.slo_ms <= MAX_SLO_MS:
-            raise ValueError(f"slo_ms must be positive and at most {MAX_SLO_MS} (one day), got {self.slo_ms}")
+        problem = None if self.slo_ms is None else slo_problem("slo_ms", self.slo_ms)
+        if problem is not None:
+            raise ValueError(problem)
         for spec in (*self.inputs, *self.outputs):
             if spec.shape[0] != -1:
                 raise ValueError(f"tensor {spec.name!r}: the first (batch) dimension must be -1")

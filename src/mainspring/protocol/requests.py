@@ -9,6 +9,31 @@ from dataclasses import dataclass, field
 # (``msgspec``), and a day is beyond any inference SLO: a longer one is a mistake, not an SLO.
 MAX_SLO_MS = 24 * 3600 * 1000
 
+NS_PER_MS_INT = 1_000_000
+
+
+def slo_problem(name: str, value: object, unit_ns: int = NS_PER_MS_INT) -> str | None:
+    """What is wrong with ``value`` as an SLO in ``unit_ns`` nanoseconds (``name`` says where it came
+    from), or None: it must be a positive number of at most a day. The one range check of every SLO
+    (a request's ``slo_ms`` or ``timeout``, a model's config, ``serve``, ``simulate`` and ``bench``);
+    the range is checked before any conversion, which a value such as 1e308 would overflow."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:  # NaN too
+        return f"{name} must be a positive number, got {value!r}"[:300]
+    most = MAX_SLO_MS * NS_PER_MS_INT // unit_ns
+    if value > most:  # infinity, and an integer too large for a float (math.isinf would overflow on it)
+        return f"{name} must be at most {most} (one day), got {value!r}"[:300]
+    return None
+
+
+def resolve_slo_ns(requested_ns: int | None, model_slo_ms: float | None, default_ns: int) -> int:
+    """A request's SLO: its own, else its model's, else the server's (the one precedence, at the edge)."""
+    if requested_ns is not None:
+        return requested_ns
+    if model_slo_ms is not None:
+        return round(model_slo_ms * NS_PER_MS_INT)
+    return default_ns
+
+
 # Every batch is planned to end this long before its deadline: the result's trip from the worker
 # (ZeroMQ round trip on loopback: 0.06 ms p50, 0.12 ms p99, MEASUREMENTS.md) plus the answer's way
 # out through the frontend (0.5-1 ms for a JSON response, benchmarks/serving_overhead.py).

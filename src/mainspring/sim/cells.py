@@ -174,7 +174,7 @@ class Cell:
         self.recorder = Recorder()
         self.requests = 0
         self.refused = 0  # by the overload guard
-        self._waiting = 0
+        self._waiting: dict[int, Request] = {}  # sent to the core, not yet taken in
         self._unreleased = 0
         core_links = {device: _CoreLink(self.core, submit) for device, submit in links.items()}
         self.controller = Controller(
@@ -192,16 +192,26 @@ class Cell:
     def outstanding(self) -> int:
         """Requests not yet answered to the client: waiting for the core, in the policy, or decided on
         in a turn that has not ended."""
-        return self._waiting + self.controller.outstanding + self._unreleased
+        return len(self._waiting) + self.controller.outstanding + self._unreleased
 
     def submit(self, request: Request) -> None:
         self.requests += 1
-        self._waiting += 1
+        self._waiting[request.id] = request
         self.core.post(partial(self._take, request))
 
     def _take(self, request: Request) -> None:
-        self._waiting -= 1
-        self.controller.submit(request)
+        if self._waiting.pop(request.id, None) is not None:  # else answered at shutdown
+            self.controller.submit(request)
+
+    def shutdown(self, reason: str, answer: AnswerHook) -> None:
+        """The run is over: what the core still holds is answered (the requests it never took in too)."""
+        now = self._loop.now_ns()
+        for request in list(self._waiting.values()):
+            del self._waiting[request.id]
+            self.recorder.on_request(request, now)
+            answer(self, request, Response(request.id, Outcome.SHUTTING_DOWN, reason), None)
+        self.controller.shutdown(reason)
+        self.core.flush()
 
     def refuse(self, request: Request, lag_ns: int, now_ns: int, answer: AnswerHook) -> None:
         """Its controller is too far behind to take ``request``: refused before it reaches the policy."""
@@ -358,9 +368,12 @@ class Routing:
                 for cell in cells:
                     self.shared.setdefault(cell, []).append(name)
 
-    def publish_from(self, cell: Cell, now_ns: int, deliver: Callable[[Callable[[], None]], None]) -> None:
-        """Computed on the cell's core (and charged to it), handed to the routers once its turn ends."""
+    def publish_from(
+        self, cell: Cell, now_ns: Callable[[], int], deliver: Callable[[Callable[[], None]], None]
+    ) -> None:
+        """Computed on the cell's core when its turn comes (and charged to it), handed to the routers once
+        the turn ends."""
         models = self.shared.get(cell.index, [])
-        signal = cell_signal(cell.index, cell.policy, len(cell.specs), now_ns, models)
+        signal = cell_signal(cell.index, cell.policy, len(cell.specs), now_ns(), models)
         cell.costed.charge(self.config.cost.schedule(len(cell.specs), 0, 0))
         cell.core.send(partial(deliver, partial(self.router.publish, signal)))

@@ -232,6 +232,7 @@ class _CellsRun(_Arrivals):
         self.cells_config = cells
         self._max_lag_ns = cells.max_lag_ns if cells.max_lag_ns is not None else config.slo_ns // 2
         self._retried: set[int] = set()
+        self._closing = False
         self._replan_every_ns = FIRST_REPLAN_NS
         self.loop.call_at(FIRST_REPLAN_NS, self._replan, PRIORITY_WAKEUP)
         self.loop.call_at(0, self._signal, PRIORITY_WAKEUP)
@@ -269,7 +270,7 @@ class _CellsRun(_Arrivals):
 
     def _answered(self, cell: Cell, request: Request, response: Response, output: object) -> None:
         now = self.loop.now_ns()
-        if request.id not in self._retried:
+        if request.id not in self._retried and not self._closing:
             second = self.routing.second_cell(cell, request, response, now)
             if second is not None:
                 self._retried.add(request.id)
@@ -290,7 +291,7 @@ class _CellsRun(_Arrivals):
         now = self.loop.now_ns()
         for cell in self.cells:
             if self.routing.shared.get(cell.index):
-                cell.core.post(partial(self.routing.publish_from, cell, now, self._after_delay))
+                cell.core.post(partial(self.routing.publish_from, cell, self.loop.now_ns, self._after_delay))
         if not self.done():
             self.loop.call_at(now + self.cells_config.signal_period_ns, self._signal, PRIORITY_WAKEUP)
 
@@ -298,9 +299,11 @@ class _CellsRun(_Arrivals):
         self.loop.call_at(self.loop.now_ns() + self.cells_config.signal_delay_ns, publish, PRIORITY_RESULT)
 
     def shutdown(self, reason: str) -> None:
+        self._closing = True  # no second tries from here on
+        for cell in self.cells:  # what every last turn decided, before anything is refused
+            cell.core.flush()
         for cell in self.cells:
-            cell.core.flush()  # what its last turn decided, then the answers of what is left
-            cell.controller.shutdown(reason)
+            cell.shutdown(reason, self._answered)
 
     def merged_recorder(self) -> Recorder:
         merged = Recorder()

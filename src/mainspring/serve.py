@@ -199,7 +199,7 @@ class Server:
         await self._frontend_hub.start()
         self._publisher = SignalPublisher(cell.signal_endpoint, self._signal)
         self._publisher.start()
-        self.service.tick_listeners.append(self._publisher.tick)
+        self.service.guard.tick_listeners.append(self._publisher.tick)
         if self.config.workers == "local":
             self._start_local_workers()
             await self._wait_for_workers(len(self._local))

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from mainspring.controller.controller import Controller, ControllerObserver, Observers
+from mainspring.controller.overload import OverloadGuard
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
@@ -35,7 +36,7 @@ from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
 from mainspring.telemetry.metrics import ModelStats, ServingMetrics
 from mainspring.telemetry.recorder import LogWriter
 from mainspring.telemetry.timeline import Timeline
-from mainspring.time import NS_PER_S, WallClock
+from mainspring.time import NS_PER_S, Clock, WallClock
 from mainspring.transport.links import WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -74,21 +75,15 @@ class ControllerService:
         log_dir: Path | None = None,
         max_loop_lag_ms: float | None = None,
         policy_settings: Mapping[str, object] | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        self.clock = WallClock()
+        self.clock = clock or WallClock()
         self.watchdog_grace_s = watchdog_grace_s  # beyond an action's window and twice its expected duration
-        # Unanswered requests (samples) and their input bytes: bound memory under any flood and policy.
-        self.max_outstanding = max_outstanding
-        self.max_outstanding_bytes = max_outstanding_bytes
-        # Past this many ms behind its schedule the event loop itself is the bottleneck (the controller's
-        # CPU): new requests are refused at once, which is cheap, instead of queued, which would make
-        # every pass slower until nothing meets its deadline (measured: benchmarks/controller_scale.py).
-        # By default half the default SLO: a loop that late leaves requests little of their time.
+        # Unanswered requests (samples) and their input bytes bound memory under any flood and policy; the
+        # event loop's lag, the controller's CPU (by default half the default SLO: a loop that late leaves
+        # requests little of their time).
         lag_ms = max_loop_lag_ms if max_loop_lag_ms is not None else default_slo_ms / 2
-        self.max_loop_lag_ns = round(lag_ms * 1e6)
-        self.loop_lag_ns = 0  # how late a 5 ms timer wakes, held two ticks in a row, decaying by half every 100 ms
-        self._open_bytes = 0
-        self._bytes_of: dict[int, int] = {}
+        self.guard = OverloadGuard(max_outstanding, max_outstanding_bytes, round(lag_ms * 1e6))
         self.policy_name = policy
         self.default_slo_ns = round(default_slo_ms * 1e6)
         margin_ns = round(deadline_margin_ms * 1e6)
@@ -134,10 +129,7 @@ class ControllerService:
         self.state_listeners: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._announcements: set[asyncio.Task[None]] = set()
         self.worker_joined = asyncio.Event()
-        # Called on every tick of the loop-lag timer (every 5 ms once a worker joined): a cell's load signal.
-        self.tick_listeners: list[Callable[[], None]] = []
         self._watchdog: asyncio.Task[None] | None = None
-        self._lag_monitor: asyncio.Task[None] | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -174,13 +166,7 @@ class ControllerService:
         if model in self._unloading:
             raise ServiceError("unavailable", f"model {model!r} is being unloaded")
         size = sum(int(array.nbytes) for sample in samples for array in sample.values()) // max(len(samples), 1)
-        refusal = None
-        if len(self._futures) + len(samples) > self.max_outstanding:
-            refusal = f"{len(self._futures)} requests outstanding (max_outstanding)"
-        elif self._open_bytes + size * len(samples) > self.max_outstanding_bytes:
-            refusal = f"{self._open_bytes} bytes of inputs outstanding (max_outstanding_bytes)"
-        elif self.loop_lag_ns > self.max_loop_lag_ns:
-            refusal = f"the controller is {self.loop_lag_ns / 1e6:.0f} ms behind (max_loop_lag_ms)"
+        refusal = self.guard.refusal(len(samples), size)
         if refusal is not None:
             self.metrics.rejections.labels(Outcome.OVERLOADED.value).inc(len(samples))
             raise ServiceError("overloaded", f"overloaded: {refusal}")
@@ -192,8 +178,7 @@ class ControllerService:
             future: asyncio.Future[Answer] = self.loop.create_future()
             self._futures[request.id] = future
             self._open[served.key] += 1
-            self._bytes_of[request.id] = size
-            self._open_bytes += size
+            self.guard.admit(request.id, size)
             futures.append(future)
             self.controller.submit(request)
         return list(await asyncio.gather(*futures))
@@ -201,7 +186,7 @@ class ControllerService:
     def _answer(self, request: Request, response: Response, output: object) -> None:
         future = self._futures.pop(request.id, None)
         if future is not None:
-            self._open_bytes -= self._bytes_of.pop(request.id, 0)
+            self.guard.release(request.id)
             left = self._open[request.model] - 1
             if left > 0:
                 self._open[request.model] = left
@@ -302,28 +287,8 @@ class ControllerService:
         self.worker_joined.set()
         if self._watchdog is None:
             self._watchdog = self.loop.create_task(self._watch_actions())
-        if self._lag_monitor is None:
-            self._lag_monitor = self.loop.create_task(self._watch_loop_lag())
+        self.guard.watch(self.loop)
         self.controller.pump()
-
-    async def _watch_loop_lag(self, period_s: float = 0.005) -> None:
-        """How far behind the event loop runs: how late a short timer wakes. The lesser of two wakes in a
-        row: one long callback (a large body decoded, a collection) delays one wake, an overloaded loop
-        every one. The figure then decays by half every 100 ms."""
-        period_ns = round(period_s * NS_PER_S)
-        previous = 0
-        while True:
-            begin = time.monotonic_ns()
-            await asyncio.sleep(period_s)
-            elapsed = time.monotonic_ns() - begin
-            late, previous = min(elapsed - period_ns, previous), elapsed - period_ns
-            self.loop_lag_ns = round(max(late, self.loop_lag_ns * 0.5 ** (elapsed / 100e6)))
-            for listener in list(self.tick_listeners):
-                try:
-                    listener()
-                except Exception:  # one listener's bug must not stop the overload guard: it is dropped
-                    log.exception("a tick listener failed; it is called no more")
-                    self.tick_listeners.remove(listener)
 
     async def _watch_actions(self, period_s: float = 0.25) -> None:
         """A worker whose action never reports (a lane hung inside a live process, which still answers
@@ -403,7 +368,7 @@ class ControllerService:
 
     async def exposition(self) -> bytes:
         """The Prometheus metrics, in the text format."""
-        self.metrics.loop_lag.set(self.loop_lag_ns / NS_PER_S)
+        self.metrics.loop_lag.set(self.guard.loop_lag_ns / NS_PER_S)
         return self.metrics.exposition(self.clock.now_ns())
 
     def count_dropped_client(self, transport: str, cause: str, frontend: str = "main", count: int = 1) -> None:
@@ -548,8 +513,7 @@ class ControllerService:
         deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
         while self.controller.outstanding and self.clock.now_ns() < deadline:
             await asyncio.sleep(0.01)
-        if self._lag_monitor is not None:  # it ticked on while draining: a cell's signal says it still lives
-            self._lag_monitor.cancel()
+        self.guard.stop()  # after the drain: its tick carries a cell's signal, which says the cell still lives
         left = self.controller.shutdown("the server is shutting down")
         for handle in list(self._handles.values()):
             handle.close("controller shutting down")

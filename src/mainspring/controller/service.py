@@ -17,7 +17,6 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,10 @@ import msgspec
 
 from mainspring.controller.controller import Controller, ControllerObserver, Observers
 from mainspring.controller.overload import OverloadGuard
+from mainspring.controller.workers import WorkerSet
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.models.profile import ModelProfile
-from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
+from mainspring.protocol import ActionResult, DeviceSpec, Outcome, Request, Response
 from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
 from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.protocol.tensors import Sample
@@ -40,26 +40,6 @@ from mainspring.time import NS_PER_S, Clock, WallClock
 from mainspring.transport.links import WorkerHandle
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _ModelOp:
-    model: str
-    op: ModelOperation
-    waiting: set[int]  # id() of the handles that have not replied
-    replies: list[ModelReply] = field(default_factory=list)
-    done: asyncio.Future[list[ModelReply]] | None = None
-
-
-class _DeviceLink:
-    """The controller's link for one global device id: the worker and its own id for the device."""
-
-    def __init__(self, handle: WorkerHandle, local_device: int) -> None:
-        self.handle = handle
-        self.local_device = local_device
-
-    def submit(self, action: Action, inputs: list[object] | None = None) -> None:
-        self.handle.send_action(msgspec.structs.replace(action, device=self.local_device), inputs)
 
 
 class ControllerService:
@@ -97,11 +77,11 @@ class ControllerService:
         self.timeline = Timeline()  # the live page's last seconds of every lane
         observers = (self.metrics, self.timeline) if self.logs is None else (self.metrics, self.timeline, self.logs)
         observer: ControllerObserver = Observers(*observers)
-        self._links: dict[int, _DeviceLink] = {}
+        self.connected = WorkerSet()
         self.controller = Controller(
             scheduler,
             self.clock,
-            self._links,
+            self.connected.links,
             self._answer,
             self._request_wakeup,
             observer,
@@ -110,19 +90,13 @@ class ControllerService:
         )
         self.models: dict[str, ServedModel] = {}
         self.load_errors: dict[str, str] = {}
-        self._handles: dict[int, WorkerHandle] = {}
-        self._devices_of: dict[int, list[int]] = {}  # id(handle) -> global device ids
-        self._global_id: dict[tuple[int, int], int] = {}  # (id(handle), local device) -> global id
-        self._device_ids = itertools.count()
         self._request_ids = itertools.count(1)
-        self._op_ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Answer]] = {}
         self._open: collections.Counter[str] = collections.Counter()  # unanswered requests per model key
         self._unloading: set[str] = set()
         self._changing: dict[str, asyncio.Lock] = {}  # one load, reload or unload of a model at a time
         self._unloaded: set[str] = set()  # unloaded through the API: a worker that joins later must not serve them
         self._generations = itertools.count(2)  # of reloads in place: the internal names' suffixes
-        self._ops: dict[int, _ModelOp] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.accepting = True
         # Told when models, devices or acceptance change (frontend processes keep a copy of that state).
@@ -144,16 +118,16 @@ class ControllerService:
 
     @property
     def workers(self) -> list[WorkerHandle]:
-        return list(self._handles.values())
+        return self.connected.handles
 
     @property
     def device_count(self) -> int:
-        return len(self._links)
+        return len(self.connected.links)
 
     @property
     def device_ids(self) -> list[int]:
         """The connected devices (the controller's ids)."""
-        return sorted(self._links)
+        return sorted(self.connected.links)
 
     # --- clients ------------------------------------------------------------------------------
     async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
@@ -208,7 +182,7 @@ class ControllerService:
     def on_join(
         self, handle: WorkerHandle, devices: list[DeviceSpec], models: list[ModelInfo], errors: dict[str, str]
     ) -> None:
-        self._handles[id(handle)] = handle
+        self.connected.join(handle)
         self.load_errors.update(errors)
         corrections = self._adopt(handle, models)
         if not corrections:
@@ -265,20 +239,15 @@ class ControllerService:
                     log.error("worker %s: %s of %s failed, so its devices will fail that model's actions: %s",
                               handle.name, op.value, target.key, reply.error)  # fmt: skip
             log.info("worker %s: %s of %s done, to serve what is served here", handle.name, op.value, target.key)
-        if id(handle) in self._handles:  # not lost meanwhile
+        if handle in self.connected:  # not lost meanwhile
             kept = [
                 msgspec.structs.replace(d, resident=tuple(m for m in d.resident if m not in changed)) for d in devices
             ]
             self._add_devices(handle, kept)
 
     def _add_devices(self, handle: WorkerHandle, devices: list[DeviceSpec]) -> None:
-        key = id(handle)
-        for spec in devices:
-            global_id = next(self._device_ids)
-            self._links[global_id] = _DeviceLink(handle, spec.device)
-            self._global_id[key, spec.device] = global_id
-            self._devices_of.setdefault(key, []).append(global_id)
-            self._membership.add_device(msgspec.structs.replace(spec, device=global_id))
+        for spec in self.connected.add_devices(handle, devices):
+            self._membership.add_device(spec)
         self._update_gauges()
         self._announce_soon()
         held = sum(len(spec.resident) for spec in devices)
@@ -299,52 +268,36 @@ class ControllerService:
         while True:
             await asyncio.sleep(period_s)
             now = self.clock.now_ns()
-            for device, action in self.controller.overdue_devices(now, grace_ns).items():
-                link = self._links.get(device)
-                if link is None or id(link.handle) not in self._handles:
-                    continue
+            for handle, device, action in list(self.connected.hung(self.controller, now, grace_ns)):
+                if handle not in self.connected:
+                    continue  # dropped for another of its devices
                 late_s = (now - action.latest_ns - action.expected_duration_ns) / NS_PER_S
                 log.error("worker %s: %s action %d on device %d has not reported %.1f s after it was due; "
-                          "dropping the worker", link.handle.name, type(action).__name__, action.action_id,
+                          "dropping the worker", handle.name, type(action).__name__, action.action_id,
                           device, late_s)  # fmt: skip
                 self.metrics.hung_actions.inc()
-                link.handle.close(f"action {action.action_id} did not report in time: start over", start_over=True)
-                self.on_lost(link.handle)
+                handle.close(f"action {action.action_id} did not report in time: start over", start_over=True)
+                self.on_lost(handle)
 
     def on_result(self, handle: WorkerHandle, result: ActionResult) -> None:
-        global_id = self._global_id.get((id(handle), result.device))
+        global_id = self.connected.global_id(handle, result.device)
         if global_id is None:
             return  # from a device already declared lost
         self.controller.deliver(msgspec.structs.replace(result, device=global_id))
 
     def on_lost(self, handle: WorkerHandle) -> None:
-        key = id(handle)
-        self._handles.pop(key, None)
-        for global_id in self._devices_of.pop(key, []):
-            del self._links[global_id]
-            self._global_id = {k: v for k, v in self._global_id.items() if v != global_id}
+        for global_id in self.connected.remove(handle):
             self.controller.remove_device(global_id)
-        for op in list(self._ops.values()):
-            op.waiting.discard(key)
-            self._maybe_finish(op)
         self._update_gauges()
         self._announce_soon()
-        log.warning("worker %s lost; %d device(s) left", handle.name, len(self._links))
+        log.warning("worker %s lost; %d device(s) left", handle.name, self.device_count)
 
     def on_model_reply(self, handle: WorkerHandle, reply: ModelReply) -> None:
-        op = self._ops.get(reply.op_id)
-        if op is not None:
-            op.waiting.discard(id(handle))
-            op.replies.append(reply)
-            self._maybe_finish(op)
-
-    def _maybe_finish(self, op: _ModelOp) -> None:
-        if not op.waiting and op.done is not None and not op.done.done():
-            op.done.set_result(op.replies)
+        self.connected.reply(handle, reply)
 
     def _update_gauges(self) -> None:
-        self.metrics.workers.set(len(self._handles))
-        self.metrics.devices.set(len(self._links))
+        self.metrics.workers.set(len(self.connected))
+        self.metrics.devices.set(self.device_count)
         self.metrics.models.set(len(self.models))
 
     def _announce_soon(self) -> None:
@@ -445,7 +398,7 @@ class ControllerService:
         """Load ``target`` on every worker and into the policy; on a failure anywhere, nowhere (the reason
         stays in the repository index when ``keep_reason``: the model is not served)."""
         model = target.model
-        if not self._handles:
+        if not self.connected:
             raise ServiceError("unavailable", "no worker is connected")
         try:
             replies = await self._model_op(ModelOperation.LOAD, target, timeout_s)
@@ -487,21 +440,7 @@ class ControllerService:
         self, op: ModelOperation, target: ModelTarget, timeout_s: float, handles: Sequence[WorkerHandle] = ()
     ) -> list[ModelReply]:
         """``op`` on ``handles`` (default: every worker); their replies."""
-        handles = list(handles or self._handles.values())
-        op_id = next(self._op_ids)
-        pending = _ModelOp(target.key, op, {id(h) for h in handles}, done=self.loop.create_future())
-        self._ops[op_id] = pending
-        for handle in handles:
-            handle.model_op(op_id, op, target)
-        try:
-            assert pending.done is not None
-            return await asyncio.wait_for(pending.done, timeout_s)
-        except TimeoutError:
-            raise ServiceError(
-                "unavailable", f"{op.value} of {target.key!r}: workers did not answer in {timeout_s:.0f} s"
-            ) from None
-        finally:
-            del self._ops[op_id]
+        return await self.connected.model_op(op, target, timeout_s, handles)
 
     # --- shutdown -----------------------------------------------------------------------------
     async def drain(self, timeout_s: float) -> int:
@@ -515,7 +454,7 @@ class ControllerService:
             await asyncio.sleep(0.01)
         self.guard.stop()  # after the drain: its tick carries a cell's signal, which says the cell still lives
         left = self.controller.shutdown("the server is shutting down")
-        for handle in list(self._handles.values()):
+        for handle in self.connected.handles:
             handle.close("controller shutting down")
         if self.logs is not None:
             self.logs.close()

@@ -36,7 +36,7 @@ from mainspring.controller.frontends import FrontendHub
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.dataplane import DataPlane
 from mainspring.frontend.http import make_app
-from mainspring.frontend.remote import FrontendSpec
+from mainspring.frontend.process import FrontendSpec
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import DeviceSpec, ResponseStatus
 from mainspring.worker.emulated_worker import EmulatedWorker
@@ -144,7 +144,7 @@ async def through_frontends(
         frontends = []
         for index in range(count):
             spec = FrontendSpec(hub.endpoint, f"frontend-{index + 1}", "127.0.0.1", port, free_port(), os.getpid())
-            frontends.append(subprocess.Popen([sys.executable, "-m", "mainspring.frontend.remote",
+            frontends.append(subprocess.Popen([sys.executable, "-m", "mainspring.frontend.process",
                                                msgspec.json.encode(spec).decode()]))  # fmt: skip
         while hub.joined < count:
             await asyncio.sleep(0.05)

@@ -41,7 +41,7 @@ from mainspring.frontend.access import Access
 from mainspring.frontend.dataplane import DataPlane
 from mainspring.frontend.http import start_http
 from mainspring.frontend.limits import RequestLimits
-from mainspring.frontend.remote import TOKEN_ENV, FrontendSpec
+from mainspring.frontend.process import TOKEN_ENV, FrontendSpec
 from mainspring.models.repository import ModelRepository
 from mainspring.ray_cluster import RayPlacer, RayWorkers
 from mainspring.serve_config import LOOPBACK, ServeConfig, ensure_repository
@@ -258,7 +258,7 @@ class Server:
         for index in range(1, count + 1):
             spec = FrontendSpec(endpoint, f"frontend-{index}", config.host, config.http_port, config.grpc_port,
                                 os.getpid(), repo, limits, config.auth_inference, cells, signals)  # fmt: skip
-            command = [sys.executable, "-m", "mainspring.frontend.remote", msgspec.json.encode(spec).decode()]
+            command = [sys.executable, "-m", "mainspring.frontend.process", msgspec.json.encode(spec).decode()]
             self._frontends.append(LocalWorker(spec.name, command, subprocess.Popen(command, env=self._frontend_env())))
         deadline = asyncio.get_running_loop().time() + timeout_s
         while self._frontend_hub is not None and self._frontend_hub.joined < count:

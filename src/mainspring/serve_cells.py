@@ -24,7 +24,8 @@ from typing import Any
 
 import msgspec
 
-from mainspring.cells.port import CellsPort
+from mainspring.frontend.cells_port import CellsPort
+from mainspring.frontend.process import TOKEN_ENV
 from mainspring.serve import RESTART_BACKOFF_S, CellRole, LocalWorker, run_server
 from mainspring.serve_config import ServeConfig
 from mainspring.transport.security import SECRET_ENV
@@ -32,7 +33,6 @@ from mainspring.transport.security import SECRET_ENV
 log = logging.getLogger("mainspring.serve")
 
 SECRET_FIELDS = ("auth_token", "worker_secret")  # never on a command line: the environment carries them
-TOKEN_ENV = "MAINSPRING_AUTH_TOKEN"
 
 
 class CellSpec(msgspec.Struct, frozen=True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from mainspring.cells.port import merge_expositions
+from mainspring.frontend.cells_port import merge_expositions
 
 CELL_TEXT = """# HELP mainspring_requests_total Requests answered
 # TYPE mainspring_requests_total counter

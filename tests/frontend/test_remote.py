@@ -168,11 +168,11 @@ def test_clients_a_frontend_process_drops_are_counted_in_the_controllers_metrics
 
 
 def test_a_frontend_process_imports_neither_the_controller_nor_the_policies() -> None:
-    """What a frontend needs of the controller is in ``protocol/serving.py``: its process stays small."""
+    """What a frontend needs of the controller is in ``frontend/port.py``: its process stays small (cells too)."""
     import subprocess
     import sys
 
-    code = ("import sys, mainspring.frontend.remote, mainspring.frontend.http, mainspring.frontend.grpc; "
+    code = ("import sys, mainspring.frontend.process, mainspring.frontend.http, mainspring.frontend.grpc; "
             "print(sorted(m for m in sys.modules if m.startswith(('mainspring.controller', "
             "'mainspring.scheduler'))))")  # fmt: skip
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

@@ -25,7 +25,7 @@ from tests.waiting import wait_for
 
 def frontend_pid(server: ServerProcess) -> int:
     for pid in child_pids(server.process.pid):
-        if "mainspring.frontend.remote" in Path(f"/proc/{pid}/cmdline").read_text():
+        if "mainspring.frontend.process" in Path(f"/proc/{pid}/cmdline").read_text():
             return pid
     raise AssertionError("no frontend process")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -104,6 +105,7 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     }
     config = load_config(args.config, dict(os.environ), flags, args.clockwork)
+    config = dataclasses.replace(config, cells=config.cell_count())
     if config.cells > 1:
         from mainspring.serve_cells import run_cells
 

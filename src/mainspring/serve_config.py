@@ -5,6 +5,7 @@ they point at (the built-in zoo written there on first start)."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ ENV_PREFIX = "MAINSPRING_"
 CLOCKWORK_ENV_PREFIX = f"{ENV_PREFIX}CLOCKWORK_"  # MAINSPRING_CLOCKWORK_ESTIMATE_PERCENTILE=90
 DEFAULT_ZOO = ("resnet18", "mobilenetv2", "bert_tiny", "mlp")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+CELL_DEVICES = 16  # devices per cell when ``cells`` is sized to the machine (docs/sizing.md)
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,8 @@ class ServeConfig:
     workers: str = "local"  # or "tcp": wait for external workers
     frontends: int = 0  # HTTP + gRPC frontend processes sharing the ports; 0: one per two cores, at most 4
     # Controller processes, each planning its share of the devices (serve_cells.py); 1: one controller
-    # in this process. Cell i takes workers on worker_port + i.
-    cells: int = 1
+    # in this process; 0: sized to the machine (``cell_count``). Cell i takes workers on worker_port + i.
+    cells: int = 0
     ray: str = ""  # a Ray cluster's address ("auto": the local one): one worker per device of each node, as actors
     repo: str = ""  # default: ~/.mainspring/zoo, created with the built-in zoo on first start
     policy: str = DEFAULT_POLICY
@@ -108,8 +110,8 @@ class ServeConfig:
             problems.append(f"max_loop_lag_ms={self.max_loop_lag_ms} must not be negative")
         if self.ray and self.workers != "local":
             problems.append("ray places the workers itself: leave workers at 'local'")
-        if self.cells < 1:
-            problems.append(f"cells={self.cells} must be at least 1")
+        if self.cells < 0:
+            problems.append(f"cells={self.cells} must not be negative (0: sized to the machine)")
         if self.cells > 1 and self.ray:
             problems.append("cells on Ray are not built yet: leave cells at 1 with ray")
         if self.frontends < 0:
@@ -160,6 +162,17 @@ class ServeConfig:
     def frontend_count(self) -> int:
         """Frontend processes in all, this one included."""
         return self.frontends or max(1, min(4, (os.cpu_count() or 1) // 2))
+
+    def cell_count(self) -> int:
+        """``cells``, or when 0 a cell per ``CELL_DEVICES`` local devices, at most one per two cores (a
+        cell's controller wants a core, and so do the frontends): 1, today's single controller, for a
+        machine of up to 16 devices, for remote workers (their number is not known at start) and on Ray."""
+        if self.cells:
+            return self.cells
+        if self.workers != "local" or self.ray:
+            return 1
+        devices = len(self.device_list())
+        return max(1, min(math.ceil(devices / CELL_DEVICES), (os.cpu_count() or 1) // 2, devices))
 
     def device_list(self) -> list[str]:
         if self.devices:

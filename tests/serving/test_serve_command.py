@@ -258,3 +258,19 @@ def test_a_port_in_use_stops_the_start_even_where_its_holder_shares_ports(
     text = (tmp_path / "server.log").read_text()
     assert returncode == 1 and message.format(port=port) in text, text
     assert "Traceback" not in text, text
+
+
+def test_cells_are_sized_to_the_devices_and_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default a cell per 16 local devices, at most one per two cores; 1 (one controller, as before)
+    for up to 16 devices, for remote workers and on Ray; a number given is kept."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert ServeConfig(devices="cpu").cell_count() == 1
+    assert ServeConfig(devices=",".join(["cuda:0"] * 16)).cell_count() == 1
+    assert ServeConfig(devices=",".join(["cuda:0"] * 40)).cell_count() == 3
+    assert ServeConfig(devices=",".join(["cuda:0"] * 200)).cell_count() == 4  # the cores bound it
+    assert ServeConfig(workers="tcp").cell_count() == 1
+    assert ServeConfig(cells=2, devices="cpu,cpu").cell_count() == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert ServeConfig(devices=",".join(["cuda:0"] * 40)).cell_count() == 1
+    with pytest.raises(ValueError, match="cells=-1 must not be negative"):
+        ServeConfig(cells=-1)

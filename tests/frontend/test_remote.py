@@ -177,3 +177,45 @@ def test_a_frontend_process_imports_neither_the_controller_nor_the_policies() ->
             "'mainspring.scheduler'))))")  # fmt: skip
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert loaded.stdout.strip() == "[]", loaded.stdout
+
+
+def test_a_frontend_can_have_a_model_warmed_before_its_requests_come(tmp_path: Path) -> None:
+    """What a cell that takes a model over is asked (``CellsPort``): the controller loads it on a device
+    with no request for it, once; a call from a frontend that never joined is refused, not run."""
+    from mainspring.controller.frontends import FrontendHub
+    from tests.controller.test_service import with_service
+    from tests.waiting import until
+
+    async def test(service: object, _: DataPlane, __: object) -> None:
+        from mainspring.controller.service import ControllerService
+
+        assert isinstance(service, ControllerService)
+        hub = FrontendHub(service, f"ipc://{tmp_path}/frontends")
+        await hub.start()
+        frontend = RemoteController(hub.endpoint, "frontend-1")
+        await frontend.start(timeout_s=5)
+        try:
+
+            def loads_of_a() -> list[dict[str, object]]:
+                view = service.timeline.snapshot(service.clock.now_ns(), 30, service.device_ids)
+                return [a for a in view["actions"] if a["kind"] == "load" and a["model"] == "a"]
+
+            assert not loads_of_a()
+            assert await frontend.warm("a") is True
+            await until(lambda: any(a["status"] == "ok" for a in loads_of_a()))
+            assert await frontend.warm("a") is False  # held already
+            with pytest.raises(ServiceError, match="unknown model 'nope'"):
+                await frontend.warm("nope")
+            stranger = RemoteController(hub.endpoint, "stranger")
+            stranger._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)  # a socket, but no Join
+            stranger._socket.connect(hub.endpoint)
+            stranger._receiver = asyncio.create_task(stranger._receive())
+            with pytest.raises(ServiceError, match="restarted since the call was sent") as refused:
+                await stranger.infer("a", [{"input": np.ones((1, 3), np.float32)}], slo_ns=500_000_000)
+            assert refused.value.kind == "unavailable"
+            await stranger.close()
+        finally:
+            await frontend.close()
+            await hub.close()
+
+    with_service(test)

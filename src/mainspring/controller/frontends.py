@@ -179,6 +179,8 @@ class FrontendHub:
                 await service.reload_model(ask.model)
             elif ask.what == "unload":
                 await service.unload_model(ask.model)
+            elif ask.what == "warm":
+                value = await service.warm(ask.model)
             elif ask.what == "statistics":
                 value = msgspec.to_builtins(await service.model_statistics(ask.model))
             elif ask.what == "metrics":

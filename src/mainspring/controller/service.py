@@ -312,6 +312,18 @@ class ControllerService:
         for listener in self.state_listeners:
             await listener()
 
+    async def warm(self, model: str) -> bool:
+        """Load a served model's weights onto a device before its requests come (a cell taking a model
+        over from another); False when the policy cannot (held already, or a policy without warming)."""
+        served = self.models.get(model)
+        if served is None:
+            raise ServiceError("not_found", f"unknown model {model!r}")
+        warm = getattr(self._membership, "warm", None)
+        if warm is None or not warm(served.key):
+            return False
+        self.controller.pump()
+        return True
+
     # --- what a frontend reads besides inference (``frontend/port.py``) --------------------------
     async def refresh(self) -> bool:
         return False  # this is the controller: its view is the current one

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 STALE_S = 1.0  # a cell silent this long is taken as gone
 REPLAN_S = (0.25, 2.0)  # the first re-plan, and the longest interval between re-plans (doubling)
+HANDOVER_S = 1.0  # a model that moves is served by its old and new cells this long (the new one warms it)
 DEVICE_ID_STRIDE = 1000  # the live page shows cell i's device d as i * this + d
 
 
@@ -63,6 +64,7 @@ class CellsPort:
         self._dead: set[int] = set()
         self._rejoining: set[int] = set()
         self.placement: Placement = {}
+        self._handover: dict[str, tuple[float, tuple[int, ...]]] = {}  # model -> (until, old and new cells)
         self._arrivals: Counter[str] = Counter()
         self._rates: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -170,14 +172,33 @@ class CellsPort:
             for i, cell in enumerate(self.cells)
         ]
         demands = [demand_of(m.profile.renamed(name), self._rates.get(name, 0.0)) for name, m in models.items()]
-        self.placement = plan(capacities, demands, self.placement, self._placement_config)
+        placement = plan(capacities, demands, self.placement, self._placement_config)
+        now = time.monotonic()
+        for name, cells in placement.items():
+            old = self.placement.get(name, ())
+            gained = [c for c in cells if c not in old]
+            if old and gained:  # a move or a new replica: loaded there first, served by both meanwhile
+                self._handover[name] = (now + HANDOVER_S, tuple(sorted({*old, *cells})))
+                for cell in gained:
+                    self._spawn(self._warm(cell, name))
+        self.placement = placement
+        for name in [n for n, (until, _) in self._handover.items() if until <= now]:
+            del self._handover[name]
+
+    async def _warm(self, cell: int, model: str) -> None:
+        try:
+            await self.cells[cell].warm(model)
+        except ServiceError as error:  # the cell will load it on its first request instead
+            log.info("cell %d could not warm %s: %s", cell, model, error)
 
     def _cells_for(self, model: str) -> list[int]:
-        """The model's cells that are live and serve it (a restarted cell serves nothing until its workers
-        are back); else any cell that does."""
+        """The model's cells that are live and serve it (while it moves, its old cells too; a restarted
+        cell serves nothing until its workers are back); else any cell that does."""
         cells = self.cells
         able = [c for c in self.live_cells() if model in cells[c].models and cells[c].device_count > 0]
-        placed = [c for c in self.placement.get(model, ()) if c in able]
+        handover = self._handover.get(model)
+        own = handover[1] if handover is not None and handover[0] > time.monotonic() else self.placement.get(model, ())
+        placed = [c for c in own if c in able]
         return placed or able or list(range(len(cells)))
 
     # --- ControllerPort ---------------------------------------------------------------------------

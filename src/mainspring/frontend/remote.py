@@ -195,6 +195,10 @@ class RemoteController:
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
         await self._ask("unload", model, timeout_s=timeout_s + ANSWER_GRACE_S)
 
+    async def warm(self, model: str) -> bool:
+        """Ask the controller to load ``model`` before its requests come (``ControllerService.warm``)."""
+        return bool(await self._ask("warm", model))
+
     async def model_statistics(self, model: str) -> ModelStats:
         return ModelStats(**await self._ask("statistics", model))
 

@@ -286,6 +286,12 @@ def make_cells(
     return cells
 
 
+def _warm(cell: Cell, model: str) -> None:
+    warm = getattr(cell.policy, "warm", None)
+    if warm is not None and warm(model):
+        cell.controller.pump()
+
+
 class _LateSink:
     """A device's result sink, bound to its cell once the cell exists."""
 
@@ -354,6 +360,9 @@ class Routing:
                 self.moves += 1
                 self._serving[name] = tuple(sorted(set(cells) | set(old)))
                 self._handover[name] = now_ns + self.config.handover_ns
+                for gained in set(cells) - set(old):  # loaded there before its requests come
+                    cell = self.cells[gained]
+                    cell.core.post(partial(_warm, cell, name))
         self.placement = placement
         for name in [n for n, until in self._handover.items() if until <= now_ns]:
             del self._handover[name]

@@ -196,6 +196,14 @@ class ClockworkScheduler(PolicyBookkeeping):
                 reason = f"worker of device {device} was lost; the deadline cannot be met"
                 self._answer(request, Outcome.WORKER_LOST, reason)
 
+    def warm(self, model: str) -> bool:
+        """Load ``model`` on a device with room before any request asks for it (a cell that is to take a
+        model over); False when it is held already or unknown."""
+        if model not in self.profiles or self.residency.holders.get(model):
+            return False
+        self.loads.turned_away.add(model)
+        return True
+
     def remove_model(self, model: str, now_ns: int) -> None:
         reason = f"model {model!r} was unloaded"
         for request in self.queues.take_all(model):

@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import itertools
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from mainspring.controller.controller import Controller, ControllerObserver, Observers
+from mainspring.controller.lifecycle import ModelLifecycle
 from mainspring.controller.overload import OverloadGuard
 from mainspring.controller.workers import WorkerSet
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
-from mainspring.models.profile import ModelProfile
 from mainspring.protocol import ActionResult, DeviceSpec, Outcome, Request, Response
 from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
 from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
@@ -88,15 +87,10 @@ class ControllerService:
             send_inputs=True,
             defer=self._soon,
         )
-        self.models: dict[str, ServedModel] = {}
-        self.load_errors: dict[str, str] = {}
         self._request_ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Answer]] = {}
         self._open: collections.Counter[str] = collections.Counter()  # unanswered requests per model key
-        self._unloading: set[str] = set()
-        self._changing: dict[str, asyncio.Lock] = {}  # one load, reload or unload of a model at a time
-        self._unloaded: set[str] = set()  # unloaded through the API: a worker that joins later must not serve them
-        self._generations = itertools.count(2)  # of reloads in place: the internal names' suffixes
+        self.lifecycle = ModelLifecycle(self)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.accepting = True
         # Told when models, devices or acceptance change (frontend processes keep a copy of that state).
@@ -110,6 +104,20 @@ class ControllerService:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         return self._loop
+
+    @property
+    def models(self) -> dict[str, ServedModel]:
+        """The served models by the name clients use (``ModelLifecycle``)."""
+        return self.lifecycle.models
+
+    @property
+    def load_errors(self) -> dict[str, str]:
+        """Why a model of the repository is not served, by name."""
+        return self.lifecycle.load_errors
+
+    def open_count(self, key: str) -> int:
+        """Requests admitted for model ``key`` and not answered yet."""
+        return self._open[key]
 
     @property
     def policy(self) -> Membership:
@@ -137,7 +145,7 @@ class ControllerService:
         served = self.models.get(model)
         if served is None:
             raise ServiceError("not_found", f"unknown model {model!r}")
-        if model in self._unloading:
+        if model in self.lifecycle.unloading:
             raise ServiceError("unavailable", f"model {model!r} is being unloaded")
         size = sum(int(array.nbytes) for sample in samples for array in sample.values()) // max(len(samples), 1)
         refusal = self.guard.refusal(len(samples), size)
@@ -184,7 +192,7 @@ class ControllerService:
     ) -> None:
         self.connected.join(handle)
         self.load_errors.update(errors)
-        corrections = self._adopt(handle, models)
+        corrections = self.lifecycle.adopt(handle, models)
         if not corrections:
             self._add_devices(handle, devices)
             return
@@ -192,63 +200,17 @@ class ControllerService:
         self._announcements.add(task)
         task.add_done_callback(self._announcements.discard)
 
-    def _adopt(self, handle: WorkerHandle, models: list[ModelInfo]) -> list[tuple[ModelOperation, ModelTarget]]:
-        """Serve the joining worker's models that nothing here contradicts (the first worker's: all of them),
-        under the names it holds them by; return what the worker must change to serve exactly what is served
-        here, as it is served: a model at another version or config, one unloaded through the API, one a
-        reload in place has retired, one it lacks."""
-        corrections, matching = [], set()
-        for info in models:
-            key = info.config.name
-            name = served_name(key)
-            served = self.models.get(name)
-            if served is None and name not in self._unloaded:  # under its key: a restarted controller's worker
-                profile = ModelProfile.from_json(info.profile, f"worker {handle.name} model {key}")
-                self._membership.add_model(profile)
-                config = msgspec.structs.replace(info.config, name=name)
-                self.models[name] = ServedModel(config, profile.renamed(name), info.version, key)
-                matching.add(name)
-            elif (
-                served is not None
-                and (served.key, served.version) == (key, info.version)
-                and (served.config == msgspec.structs.replace(info.config, name=name))
-            ):
-                matching.add(name)
-            else:
-                corrections.append((ModelOperation.UNLOAD, ModelTarget(name, served_as=key)))
-        for name, served in self.models.items():
-            if name not in matching:
-                target = ModelTarget(name, served.version, "" if served.key == name else served.key)
-                corrections.append((ModelOperation.LOAD, target))
-        return corrections
-
     async def _bring_in_line(
         self, handle: WorkerHandle, devices: list[DeviceSpec], corrections: list[tuple[ModelOperation, ModelTarget]]
     ) -> None:
-        """Apply ``corrections`` on the joining worker, then plan on its devices (weights it held of a model
-        it was told to change are not adopted: unloading freed them)."""
-        changed = set()
-        for op, target in corrections:
-            changed.add(target.key)
-            try:
-                replies = await self._model_op(op, target, 120.0, handles=[handle])
-            except ServiceError as error:
-                replies = [ModelReply(0, target.key, error=str(error))]
-            for reply in replies:
-                if reply.error:
-                    log.error("worker %s: %s of %s failed, so its devices will fail that model's actions: %s",
-                              handle.name, op.value, target.key, reply.error)  # fmt: skip
-            log.info("worker %s: %s of %s done, to serve what is served here", handle.name, op.value, target.key)
-        if handle in self.connected:  # not lost meanwhile
-            kept = [
-                msgspec.structs.replace(d, resident=tuple(m for m in d.resident if m not in changed)) for d in devices
-            ]
+        kept = await self.lifecycle.bring_in_line(handle, devices, corrections)
+        if kept is not None:
             self._add_devices(handle, kept)
 
     def _add_devices(self, handle: WorkerHandle, devices: list[DeviceSpec]) -> None:
         for spec in self.connected.add_devices(handle, devices):
             self._membership.add_device(spec)
-        self._update_gauges()
+        self.update_gauges()
         self._announce_soon()
         held = sum(len(spec.resident) for spec in devices)
         log.info("worker %s joined: %d device(s) already holding %d model(s); models %s",
@@ -288,14 +250,14 @@ class ControllerService:
     def on_lost(self, handle: WorkerHandle) -> None:
         for global_id in self.connected.remove(handle):
             self.controller.remove_device(global_id)
-        self._update_gauges()
+        self.update_gauges()
         self._announce_soon()
         log.warning("worker %s lost; %d device(s) left", handle.name, self.device_count)
 
     def on_model_reply(self, handle: WorkerHandle, reply: ModelReply) -> None:
         self.connected.reply(handle, reply)
 
-    def _update_gauges(self) -> None:
+    def update_gauges(self) -> None:
         self.metrics.workers.set(len(self.connected))
         self.metrics.devices.set(self.device_count)
         self.metrics.models.set(len(self.models))
@@ -307,7 +269,7 @@ class ControllerService:
             self._announcements.add(task)
             task.add_done_callback(self._announcements.discard)
 
-    async def _announce(self) -> None:
+    async def announce(self) -> None:
         """Tell the listeners now: they know before the caller of a load, unload or drain hears it is done."""
         for listener in self.state_listeners:
             await listener()
@@ -345,120 +307,20 @@ class ControllerService:
 
     # --- repository ---------------------------------------------------------------------------
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
-        async with self._change(model, "load"):
-            if model not in self.models:  # served already, or once a change this one waited for finished
-                self.models[model] = await self._load_everywhere(ModelTarget(model), timeout_s)
-                self._unloaded.discard(model)
-                self._update_gauges()
-                await self._announce()
+        await self.lifecycle.load(model, timeout_s)
 
     async def reload_model(self, model: str, timeout_s: float = 120.0) -> None:
-        """Serve the repository's entry for ``model`` anew without refusing a request (Triton's load of a
-        loaded model): load it beside the one served, under an internal name; send new requests there;
-        let those admitted finish on the old; then unload the old. A load that fails leaves the old served."""
-        async with self._change(model, "reload"):
-            old = self.models.get(model)
-            if old is None:
-                raise ServiceError("not_found", f"model {model!r} is not loaded")
-            key = old.key
-            while key == old.key:  # a key adopted from a worker may have any suffix
-                key = f"{model}@{next(self._generations)}"
-            target = ModelTarget(model, served_as=key)
-            begin = time.monotonic()
-            self.models[model] = new = await self._load_everywhere(target, timeout_s, keep_reason=False)
-            await self._announce()
-            loaded = time.monotonic()
-            await self._drain(old.key, timeout_s)
-            await self._retire(old.key, timeout_s)
-            retired = time.monotonic()
-            log.info("%s: version %d serves as %s after %.2f s; version %d (%s) retired %.2f s later", model,
-                     new.version, key, loaded - begin, old.version, old.key, retired - loaded)  # fmt: skip
+        """Serve the repository's changed entry for a served model without refusing its requests meanwhile."""
+        await self.lifecycle.reload(model, timeout_s)
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
-        """Refuse new requests for ``model``, let the admitted ones finish (each is answered by its
-        deadline at the latest, so ``timeout_s`` only bounds a bug), then unload it everywhere."""
-        async with self._change(model, "unload"):
-            served = self.models.get(model)
-            if served is None:
-                raise ServiceError("not_found", f"model {model!r} is not loaded")
-            self._unloading.add(model)
-            try:
-                await self._drain(served.key, timeout_s)
-            finally:
-                self._unloading.discard(model)
-            del self.models[model]
-            self._unloaded.add(model)
-            self._update_gauges()
-            await self._retire(served.key, timeout_s)
-
-    @contextlib.asynccontextmanager
-    async def _change(self, model: str, change: str) -> AsyncIterator[None]:
-        """One load, reload or unload of ``model`` at a time: another waits its turn (each is bounded by
-        its timeout), then sees what the one before did. Counted by result, a load of a served model apart."""
-        async with self._changing.setdefault(model, asyncio.Lock()):  # kept: one per model name ever changed
-            served_before = model in self.models
-            try:
-                yield
-            except ServiceError as error:
-                if error.kind != "not_found":  # a change asked of a model not served is refused, not failed
-                    self.metrics.model_changes.labels(model, change, "failed").inc()
-                raise
-            if change != "load" or not served_before:
-                self.metrics.model_changes.labels(model, change, "done").inc()
-
-    async def _load_everywhere(self, target: ModelTarget, timeout_s: float, keep_reason: bool = True) -> ServedModel:
-        """Load ``target`` on every worker and into the policy; on a failure anywhere, nowhere (the reason
-        stays in the repository index when ``keep_reason``: the model is not served)."""
-        model = target.model
-        if not self.connected:
-            raise ServiceError("unavailable", "no worker is connected")
-        try:
-            replies = await self._model_op(ModelOperation.LOAD, target, timeout_s)
-        except ServiceError:  # a worker did not answer in time: the others must not keep what they loaded
-            with contextlib.suppress(ServiceError):
-                await self._model_op(ModelOperation.UNLOAD, target, timeout_s)
-            raise
-        failed = [r for r in replies if r.error]
-        if failed or not replies:
-            if len(failed) < len(replies):
-                await self._model_op(ModelOperation.UNLOAD, target, timeout_s)  # keep the workers consistent
-            reason = failed[0].error if failed else f"no worker answered for {model!r}"
-            if keep_reason:
-                self.load_errors[model] = reason  # the repository index tells why the model is not served
-                await self._announce()
-            raise ServiceError("invalid", reason)
-        info = replies[0].info
-        assert info is not None
-        profile = ModelProfile.from_json(info.profile, f"model {target.key}")
-        self._membership.add_model(profile)
-        self.load_errors.pop(model, None)
-        config = msgspec.structs.replace(info.config, name=model)  # clients see the model's own name
-        return ServedModel(config, profile.renamed(model), info.version, target.key)
-
-    async def _drain(self, key: str, timeout_s: float) -> None:
-        """Wait until the requests admitted for ``key`` are answered (by their deadlines), at most ``timeout_s``."""
-        deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
-        while self._open[key] and self.clock.now_ns() < deadline:
-            await asyncio.sleep(0.005)
-
-    async def _retire(self, key: str, timeout_s: float) -> None:
-        """Take ``key`` out of the policy (answering what it still queues) and off every worker."""
-        self._membership.remove_model(key, self.clock.now_ns())
-        self.controller.pump()  # hand out the answers of its queued requests
-        await self._announce()
-        await self._model_op(ModelOperation.UNLOAD, ModelTarget(served_name(key), served_as=key), timeout_s)
-
-    async def _model_op(
-        self, op: ModelOperation, target: ModelTarget, timeout_s: float, handles: Sequence[WorkerHandle] = ()
-    ) -> list[ModelReply]:
-        """``op`` on ``handles`` (default: every worker); their replies."""
-        return await self.connected.model_op(op, target, timeout_s, handles)
+        await self.lifecycle.unload(model, timeout_s)
 
     # --- shutdown -----------------------------------------------------------------------------
     async def drain(self, timeout_s: float) -> int:
         """Stop accepting; wait up to ``timeout_s`` for outstanding requests, then answer the rest with an error."""
         self.accepting = False
-        await self._announce()
+        await self.announce()
         if self._watchdog is not None:
             self._watchdog.cancel()
         deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)

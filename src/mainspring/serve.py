@@ -69,6 +69,18 @@ class LocalWorker:
             self.restarts.popleft()
         return len(self.restarts)
 
+    def restart_delay(self, now: float, max_per_minute: int) -> float | None:
+        """How long to wait before starting it again: a backoff that doubles with each restart in the last
+        minute, and past ``max_per_minute`` until the oldest leaves the minute; None: never (0 a minute)."""
+        if max_per_minute == 0:
+            return None
+        recent = self.restarts_in_last_minute(now)
+        first, longest = RESTART_BACKOFF_S
+        delay: float = min(longest, first * 2.0**recent)
+        if recent >= max_per_minute:
+            delay = max(delay, 60.0 - (now - self.restarts[0]))
+        return delay
+
 
 @dataclass(frozen=True)
 class CellRole:
@@ -303,19 +315,16 @@ class Server:
                 code = worker.process.poll()
                 if code is None or self._stop.is_set():
                     continue
-                recent = worker.restarts_in_last_minute(now)
                 if worker.restart_at is None:
-                    if self.config.max_restarts_per_minute == 0:
+                    delay = worker.restart_delay(now, self.config.max_restarts_per_minute)
+                    if delay is None:
                         log.error("local worker %s exited with code %s; not restarting it", worker.name, code)
                         worker.restart_at = float("inf")
                         continue
-                    first, longest = RESTART_BACKOFF_S
-                    delay = min(longest, first * 2**recent)
-                    if recent >= self.config.max_restarts_per_minute:  # wait for the oldest to leave the minute
-                        delay = max(delay, 60.0 - (now - worker.restarts[0]))
                     worker.restart_at = now + delay
                     log.warning("local worker %s exited with code %s; starting it again in %.1f s "
-                                "(%d restart(s) in the last minute)", worker.name, code, delay, recent)  # fmt: skip
+                                "(%d restart(s) in the last minute)", worker.name, code, delay,
+                                len(worker.restarts))  # fmt: skip
                 elif now >= worker.restart_at:
                     worker.restart_at = None
                     worker.restarts.append(now)

@@ -26,7 +26,7 @@ import msgspec
 
 from mainspring.frontend.cells_port import CellsPort
 from mainspring.frontend.process import TOKEN_ENV
-from mainspring.serve import RESTART_BACKOFF_S, CellRole, LocalWorker, run_server
+from mainspring.serve import CellRole, LocalWorker, run_server
 from mainspring.serve_config import ServeConfig
 from mainspring.transport.security import SECRET_ENV
 
@@ -123,8 +123,8 @@ class Cells:
         return env
 
     async def _supervise(self, period_s: float = 0.2) -> None:
-        """A cell that exits is started again, after a backoff that doubles with each restart in the last
-        minute (its workers join it again; its models are served by the other cells meanwhile)."""
+        """A cell that exits is started again, with a local worker's backoff and bound per minute (its
+        workers join it again; its models are served by the other cells meanwhile)."""
         while not self._stopping:
             await asyncio.sleep(period_s)
             now = time.monotonic()
@@ -134,11 +134,13 @@ class Cells:
                     continue
                 if cell.restart_at is None:
                     self._port.dead(self._processes.index(cell), f"its process exited with code {code}")
-                    recent = cell.restarts_in_last_minute(now)
-                    first, longest = RESTART_BACKOFF_S
-                    cell.restart_at = now + min(longest, first * 2**recent)
-                    log.warning("%s exited with code %s; starting it again in %.1f s", cell.name, code,
-                                cell.restart_at - now)  # fmt: skip
+                    delay = cell.restart_delay(now, self.config.max_restarts_per_minute)
+                    if delay is None:
+                        log.error("%s exited with code %s; not restarting it", cell.name, code)
+                        cell.restart_at = float("inf")
+                        continue
+                    cell.restart_at = now + delay
+                    log.warning("%s exited with code %s; starting it again in %.1f s", cell.name, code, delay)
                 elif now >= cell.restart_at:
                     cell.restart_at = None
                     cell.restarts.append(now)

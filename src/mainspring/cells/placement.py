@@ -14,10 +14,12 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from mainspring.cells.routing import routing_costs
 from mainspring.models.profile import ModelProfile
 from mainspring.time import NS_PER_S
 
 Placement = dict[str, tuple[int, ...]]  # model -> the cells that serve it, sorted
+TIE = 1e-9  # fills this close are equal: sums added in another order must not decide a move
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,7 @@ class ModelDemand:
 
 def demand_of(profile: ModelProfile, rate_rps: float) -> ModelDemand:
     """A model's demand at ``rate_rps``, its work per request that of its most efficient batch."""
-    work = min(ns // size for size, ns in profile.exec_ns.items())
-    return ModelDemand(profile.model, profile.weights_bytes, rate_rps, work)
+    return ModelDemand(profile.model, profile.weights_bytes, rate_rps, routing_costs(profile).work_ns)
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def _load_move(
             for c in fill.cells
             if c not in placement[name]
             and not fill.over_pool(c, demand.weights_bytes)
-            and fill.load_fill(c, share) < fill.load_fill(source)
+            and fill.load_fill(c, share) < fill.load_fill(source) - TIE
         ]
         if targets:
             return name, source, min(targets, key=lambda c: (fill.load_fill(c, share), c))

@@ -56,10 +56,6 @@ class Router:
             self._signals[signal.cell] = signal
             self._sent_ns[signal.cell] = 0
 
-    def forget(self, cell: int) -> None:
-        self._signals.pop(cell, None)
-        self._sent_ns.pop(cell, None)
-
     def expected_finish_ns(self, cell: int, model: str, now_ns: int, costs: Costs) -> int:
         """When a batch of one of ``model`` could end on ``cell``: its signal (a load first where the cell
         does not hold it), moved on by the work routed there since (spread over its devices), and never

@@ -51,7 +51,6 @@ class SignalPublisher:
         self._socket: zmq.Socket[bytes] | None = None
         self._last_shape: object = None
         self._last_sent_ns = 0
-        self.published = 0
 
     def start(self) -> None:
         socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
@@ -73,7 +72,6 @@ class SignalPublisher:
                                 signal.cold_start_ns, signal.incarnation)  # fmt: skip
         with contextlib.suppress(zmq.Again):
             self._socket.send(_encoder.encode(message), zmq.NOBLOCK)
-        self.published += 1
         self._last_shape, self._last_sent_ns = shape, signal.at_ns
 
     def close(self) -> None:

@@ -55,7 +55,6 @@ class CellsPort:
     ) -> None:
         self.cells = [RemoteController(endpoint, f"{name}/cell-{i}") for i, endpoint in enumerate(endpoints)]
         self.router = Router()
-        self.moved_calls = 0  # calls a dead cell held, served by another
         self._placement_config = placement or PlacementConfig()
         self._subscriber = SignalSubscriber(list(signal_endpoints), self._signal)
         self._seen: dict[int, int] = {}  # cell -> monotonic ns of its last signal
@@ -235,7 +234,7 @@ class CellsPort:
 
     async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
         self._arrivals[model] += len(samples)
-        served = self.models.get(model)
+        served = next((s for cell in self.cells if (s := cell.models.get(model)) is not None), None)
         costs = routing_costs(served.profile) if served is not None else Costs(0, 0, 0)
         now = time.monotonic_ns()
         deadline = now + (slo_ns if slo_ns is not None else self.default_slo_ns)
@@ -249,7 +248,7 @@ class CellsPort:
             left = deadline - time.monotonic_ns()
             if left <= 0:
                 raise
-            self.moved_calls += 1  # its cell died with it: it was never answered there
+            # its cell died with it: it was never answered there
             return await self.cells[others[0]].infer(model, samples, left)
 
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:

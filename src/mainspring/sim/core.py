@@ -29,10 +29,7 @@ class ControllerCore:
         self._busy = False
         self._turn_due = False
         self.busy_ns = 0  # simulated time this core spent deciding
-        self.turns = 0
-        self.waited_ns = 0  # what events waited for the core, added up
         self.most_waited_ns = 0  # the longest one event waited
-        self.events = 0
 
     def post(self, event: Event) -> None:
         """``event`` runs on the controller in the next turn (at this instant, if the core is free)."""
@@ -70,11 +67,8 @@ class ControllerCore:
         now = self._loop.now_ns()
         for posted_ns, event in events:
             waited = now - posted_ns
-            self.waited_ns += waited
             self.most_waited_ns = max(self.most_waited_ns, waited)
             event()
-        self.events += len(events)
-        self.turns += 1
         self._after(self._costed.take(), self._pass)
 
     def _pass(self) -> None:

@@ -26,8 +26,9 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument(
         "--cells",
         type=int,
-        help="controller processes, each planning its share of the devices "
-        "(default 1; cell i takes workers on worker-port + i)",
+        help="controller processes, each planning its share of the devices (default: a cell per 16 devices, "
+        "at most one per 2 cores; cell i takes workers on worker-port + i); with --ray a cell per node, N the "
+        "cells serving waits for",
     )
     p.add_argument("--frontends", type=int, help="HTTP + gRPC processes on the ports (default: 1 per 2 cores, up to 4)")
     p.add_argument("--repo", help="model repository (default ~/.mainspring/zoo, built on first start)")
@@ -74,6 +75,9 @@ def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--name", help="worker name (default host:pid)")
     p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
     p.add_argument("--pin-core", type=int, help="pin the exec lane's thread to this CPU core")
+    p.add_argument("--rejoin", action="store_true",
+                   help="with --parent-pid: when the controller goes, say hello again to the next one on its "
+                        "address, keeping the weights (without --parent-pid it always does)")  # fmt: skip
     p.add_argument("--controller-timeout-s", type=float, default=3.0,
                    help="start over to join again when the controller is silent this long (default 3)")  # fmt: skip
 
@@ -106,6 +110,10 @@ def run_serve(args: argparse.Namespace) -> int:
     }
     config = load_config(args.config, dict(os.environ), flags, args.clockwork)
     config = dataclasses.replace(config, cells=config.cell_count())
+    if config.cells > 1 and config.ray:
+        from mainspring.ray_cells import run_ray_cells
+
+        return run_ray_cells(config)
     if config.cells > 1:
         from mainspring.serve_cells import run_cells
 
@@ -142,7 +150,7 @@ def run_worker(args: argparse.Namespace) -> int:
     # A remote worker outlives its controller: it rejoins whichever controller binds the address next,
     # keeping its weights; a local one exits with its parent (or is restarted by it).
     remote = args.parent_pid is None
-    outcome = connection.serve(args.parent_pid, args.controller_timeout_s, rejoin=remote)
+    outcome = connection.serve(args.parent_pid, args.controller_timeout_s, rejoin=remote or args.rejoin)
     if outcome == START_OVER and remote:
         # A hung lane or a lost CUDA context: only a fresh process (an empty weight pool, nothing in flight) recovers.
         logging.getLogger(__name__).warning("starting over in a fresh process")

@@ -104,6 +104,9 @@ class CellsFront(Protocol):
     @property
     def signal_endpoints(self) -> list[str]: ...
 
+    @property
+    def cells_file(self) -> str: ...  # cells added after the start, for the frontend processes ("": none)
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -207,7 +210,7 @@ class Server:
     async def _start_cell(self, cell: CellRole) -> None:
         """One cell: the controller, its workers, the channel to the frontends and the load signal."""
         await self.hub.start()
-        self._frontend_hub = FrontendHub(self.service, cell.endpoint)
+        self._frontend_hub = FrontendHub(self.service, cell.endpoint, secret=self.config.worker_secret)
         await self._frontend_hub.start()
         self._publisher = SignalPublisher(cell.signal_endpoint, self._signal)
         self._publisher.start()
@@ -263,13 +266,15 @@ class Server:
         if self.cells is None:
             self._frontend_hub = FrontendHub(self.service, endpoint)
             await self._frontend_hub.start()
-        cells = self.cells.endpoints if self.cells is not None else []
-        signals = self.cells.signal_endpoints if self.cells is not None else []
+        cells = list(self.cells.endpoints) if self.cells is not None else []
+        signals = list(self.cells.signal_endpoints) if self.cells is not None else []
+        cells_file = self.cells.cells_file if self.cells is not None else ""
         limits = {f.name: getattr(config, f.name) for f in fields(RequestLimits)}
         repo = str(self.repo.root) if self.repo else ""
         for index in range(1, count + 1):
             spec = FrontendSpec(endpoint, f"frontend-{index}", config.host, config.http_port, config.grpc_port,
-                                os.getpid(), repo, limits, config.auth_inference, cells, signals)  # fmt: skip
+                                os.getpid(), repo, limits, config.auth_inference, cells, signals,
+                                cells_file)  # fmt: skip
             command = [sys.executable, "-m", "mainspring.frontend.process", msgspec.json.encode(spec).decode()]
             self._frontends.append(LocalWorker(spec.name, command, subprocess.Popen(command, env=self._frontend_env())))
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -295,6 +300,8 @@ class Server:
 
     def _frontend_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in (SECRET_ENV, TOKEN_ENV)}
+        if self.cells is not None and self.config.ray and self.config.worker_secret:  # the cells' TCP channels
+            env[SECRET_ENV] = self.config.worker_secret
         if self.config.auth_token:
             env[TOKEN_ENV] = self.config.auth_token
         return env

@@ -41,7 +41,7 @@ class CellSpec(msgspec.Struct, frozen=True):
     index: int
     endpoint: str
     signal_endpoint: str
-    parent_pid: int
+    parent_pid: int  # 0: whichever process started it (on Ray, its actor)
     config: dict[str, Any]  # ServeConfig's fields, the secrets left out
 
 
@@ -86,6 +86,10 @@ class Cells:
     @property
     def signal_endpoints(self) -> list[str]:
         return self._signals
+
+    @property
+    def cells_file(self) -> str:
+        return ""  # the cells are all there from the start
 
     async def start(self) -> None:
         config = self.config
@@ -174,7 +178,7 @@ def main(argv: Sequence[str]) -> int:
     spec = msgspec.json.decode(argv[0], type=CellSpec)
     secrets = {"worker_secret": os.environ.get(SECRET_ENV, ""), "auth_token": os.environ.get(TOKEN_ENV, "")}
     config = ServeConfig(**{**spec.config, **secrets})
-    watcher = _ParentWatch(spec.parent_pid)
+    watcher = _ParentWatch(spec.parent_pid or os.getppid())
     return run_server(config, cell=CellRole(spec.index, spec.endpoint, spec.signal_endpoint), watch=watcher.gone)
 
 

@@ -42,6 +42,7 @@ class ServeConfig:
     frontends: int = 0  # HTTP + gRPC frontend processes sharing the ports; 0: one per two cores, at most 4
     # Controller processes, each planning its share of the devices (serve_cells.py); 1: one controller
     # in this process; 0: sized to the machine (``cell_count``). Cell i takes workers on worker_port + i.
+    # With ray: a cell per node's devices (up to 16), N the cells serving waits for (ray_cells.py).
     cells: int = 0
     ray: str = ""  # a Ray cluster's address ("auto": the local one): one worker per device of each node, as actors
     repo: str = ""  # default: ~/.mainspring/zoo, created with the built-in zoo on first start
@@ -112,8 +113,6 @@ class ServeConfig:
             problems.append("ray places the workers itself: leave workers at 'local'")
         if self.cells < 0:
             problems.append(f"cells={self.cells} must not be negative (0: sized to the machine)")
-        if self.cells > 1 and self.ray:
-            problems.append("cells on Ray are not built yet: leave cells at 1 with ray")
         if self.frontends < 0:
             problems.append(f"frontends={self.frontends} must not be negative (0: sized to the machine)")
         if self.pool_mib and self.pool_mib * MIB < DEFAULT_PAGE_BYTES:

@@ -1,10 +1,17 @@
-"""What the frontends show of several cells: one metrics text with a ``cell`` label."""
+"""What the frontends show of several cells: one metrics text with a ``cell`` label; cells that join later."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mainspring.frontend.cells_port import merge_expositions
+from mainspring.frontend.cells_port import CellsPort, merge_expositions
+from mainspring.frontend.dataplane import DataPlane, InferenceError
+from mainspring.frontend.remote import RemoteController
 
 CELL_TEXT = """# HELP mainspring_requests_total Requests answered
 # TYPE mainspring_requests_total counter
@@ -34,3 +41,38 @@ def test_a_cell_with_a_family_the_first_lacks_still_has_its_header() -> None:
     merged = merge_expositions([(0, CELL_TEXT.encode()), (1, other.encode())]).decode()
     families = {f.name: f for f in text_string_to_metric_families(merged)}
     assert [(s.labels, s.value) for s in families["extra"].samples] == [({"cell": "1"}, 1.0)]
+
+
+def test_a_frontend_follows_the_cells_file_and_reaches_a_tcp_cell_only_with_the_secret(tmp_path: Path) -> None:
+    """Cells on Ray: a cell listed after the frontend started (the server's cells file) is joined and
+    served, over a TCP port the worker secret guards; a frontend with another secret is not let in."""
+    from mainspring.controller.frontends import FrontendHub
+    from mainspring.controller.service import ControllerService
+    from tests.controller.test_service import tensor, with_service
+    from tests.serving.processes import free_ports
+    from tests.waiting import until
+
+    async def test(service: ControllerService, _: DataPlane, __: object) -> None:
+        channel, signal = free_ports(2)
+        hub = FrontendHub(service, f"tcp://127.0.0.1:{channel}", secret="the secret")
+        await hub.start()
+        listed = tmp_path / "cells.json"
+        cells = CellsPort("frontend-1", [], [], secret="the secret", cells_file=str(listed))
+        await cells.start(timeout_s=5)
+        outsider = RemoteController(hub.endpoint, "outsider", secret="another secret")
+        values = np.arange(6, dtype=np.float32).reshape(2, 3)
+        try:
+            with pytest.raises(InferenceError, match="not served yet"):  # no cell yet: 503
+                await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
+            listed.write_text(json.dumps([[hub.endpoint, f"tcp://127.0.0.1:{signal}"]]))
+            await until(lambda: len(cells.cells) == 1 and cells.cells[0].device_count == 2, timeout_s=10)
+            _, outputs = await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
+            np.testing.assert_array_equal(outputs[0].data, values)  # the echo model: its own answer
+            with pytest.raises(TimeoutError):  # CURVE refuses its handshake: it never joins
+                await outsider.start(timeout_s=1.0)
+        finally:
+            await outsider.close()
+            await cells.close()
+            await hub.close()
+
+    with_service(test)

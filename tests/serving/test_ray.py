@@ -4,6 +4,7 @@ worker, and a killed worker actor replaced under load with every request answere
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -12,7 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,27 +34,37 @@ def test_without_ray_installed_the_error_says_what_to_install(monkeypatch: pytes
 
 
 RAY = str(Path(sys.executable).parent / "ray")
-NODE = ["--num-cpus", "1", "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats"]
 
 
-def add_node(address: str, env: dict[str, str]) -> None:
-    subprocess.run([RAY, "start", "--address", address, *NODE], env=env, check=True, capture_output=True, timeout=120)
+def node(cpus: int) -> list[str]:
+    return ["--num-cpus", str(cpus), "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats"]
 
 
-@pytest.fixture
-def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
-    """A head and a second node on loopback; the address and the environment that reaches them."""
+def add_node(address: str, env: dict[str, str], cpus: int = 1) -> None:
+    subprocess.run([RAY, "start", "--address", address, *node(cpus)], env=env, check=True, capture_output=True,
+                   timeout=120)  # fmt: skip
+
+
+@contextlib.contextmanager
+def two_nodes(cpus: int) -> Iterator[tuple[str, dict[str, str]]]:
+    """A head and a second node on loopback, ``cpus`` each; the address and the environment that reaches them."""
     pytest.importorskip("ray")
     port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
            "RAY_AUTH_TOKEN": secrets.token_hex(16)}  # fmt: skip
-    subprocess.run([RAY, "start", "--head", "--port", str(port), "--include-dashboard", "false", *NODE],
+    subprocess.run([RAY, "start", "--head", "--port", str(port), "--include-dashboard", "false", *node(cpus)],
                    env=env, check=True, capture_output=True, timeout=120)  # fmt: skip
     try:
-        add_node(f"127.0.0.1:{port}", env)
+        add_node(f"127.0.0.1:{port}", env, cpus)
         yield f"127.0.0.1:{port}", env
     finally:
         subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
+    with two_nodes(cpus=1) as cluster:
+        yield cluster
 
 
 def reservations(address: str, env: dict[str, str]) -> list[tuple[str, list[str]]]:
@@ -66,17 +77,22 @@ def reservations(address: str, env: dict[str, str]) -> list[tuple[str, list[str]
     return [(state, nodes) for state, nodes in json.loads(answer.stdout.splitlines()[-1])]
 
 
-def actor_pids() -> list[int]:
-    """Processes of the placed worker actors (Ray names them after the running method)."""
+def processes(matching: Callable[[bytes], bool]) -> list[int]:
+    """Processes whose command line ``matching`` accepts."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "cmdline").read_bytes().startswith(b"ray::WorkerActor"):
+                if matching((entry / "cmdline").read_bytes()):
                     found.append(int(entry.name))
             except OSError:
                 pass
     return found
+
+
+def actor_pids() -> list[int]:
+    """Processes of the placed worker actors (Ray names them after the running method)."""
+    return processes(lambda command: command.startswith(b"ray::WorkerActor"))
 
 
 @pytest.mark.slow

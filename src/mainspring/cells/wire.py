@@ -105,6 +105,12 @@ class SignalSubscriber:
         self._socket = socket
         self._task = asyncio.create_task(self._run())
 
+    def add(self, endpoint: str) -> None:
+        """Signals from one more cell (cells on Ray: a node joined)."""
+        self._endpoints.append(endpoint)
+        if self._socket is not None:
+            self._socket.connect(endpoint)
+
     async def _run(self) -> None:
         assert self._socket is not None
         while True:

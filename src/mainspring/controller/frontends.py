@@ -4,7 +4,8 @@ Frontend processes decode HTTP and gRPC requests on cores of their own and hand 
 controller here (``Submit``, tensors as raw frames); the answers go back the same way. Health and
 metadata they answer from a ``State`` the hub sends on join and whenever it changes; the rest
 (repository, statistics, metrics, timeline) they ask for (``Ask``). The socket is an ``ipc://``
-path in a folder only this user can enter: a local channel, not a network one.
+path in a folder only this user can enter, or with cells on Ray a TCP port, which the worker secret
+guards when one is set (ZeroMQ CURVE, as the workers' channel).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.port import ServiceError
@@ -38,6 +40,7 @@ from mainspring.transport.frontend_messages import (
     decode_frontend,
 )
 from mainspring.transport.messages import CodecError, encode, metas_of
+from mainspring.transport.security import secure_controller
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +48,12 @@ log = logging.getLogger(__name__)
 class FrontendHub:
     """Serves frontend processes on ``endpoint`` for ``service``."""
 
-    def __init__(self, service: ControllerService, endpoint: str) -> None:
+    def __init__(self, service: ControllerService, endpoint: str, secret: str = "") -> None:
         self.service = service
         self.endpoint = endpoint
+        self._secret = secret if endpoint.startswith("tcp://") else ""  # a local ipc:// channel needs none
+        self._context = zmq.asyncio.Context() if self._secret else zmq.asyncio.Context.instance()  # its own ZAP handler
+        self._authenticator: AsyncioAuthenticator | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._frontends: dict[bytes, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -63,8 +69,10 @@ class FrontendHub:
         return len(self._frontends)
 
     async def start(self) -> None:
-        socket = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        socket = self._context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.LINGER, 0)
+        if self._secret:
+            self._authenticator = secure_controller(self._context, socket, self._secret)
         socket.bind(self.endpoint)
         self._socket = socket
         self.service.state_listeners.append(self._broadcast_if_changed)
@@ -80,6 +88,9 @@ class FrontendHub:
                     await task
         if self._socket is not None:
             self._socket.close(0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._context.term()  # its own (``start``)
 
     # --- state -----------------------------------------------------------------------------------
     def _state(self) -> State:

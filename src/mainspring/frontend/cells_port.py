@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from mainspring.cells.placement import CellCapacity, Placement, PlacementConfig, demand_of, plan
@@ -52,8 +54,14 @@ class CellsPort:
         endpoints: Sequence[str],
         signal_endpoints: Sequence[str],
         placement: PlacementConfig | None = None,
+        secret: str = "",
+        cells_file: str = "",
     ) -> None:
-        self.cells = [RemoteController(endpoint, f"{name}/cell-{i}") for i, endpoint in enumerate(endpoints)]
+        self._name = name
+        self._secret = secret  # the worker secret guards the cells' channels where they are TCP ports (Ray)
+        self.cells = [RemoteController(endpoint, f"{name}/cell-{i}", secret) for i, endpoint in enumerate(endpoints)]
+        self._cells_file = Path(cells_file) if cells_file else None  # cells added later, listed by the server
+        self._join_timeout_s = 60.0
         self.router = Router()
         self._placement_config = placement or PlacementConfig()
         self._subscriber = SignalSubscriber(list(signal_endpoints), self._signal)
@@ -69,11 +77,41 @@ class CellsPort:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, timeout_s: float = 60.0) -> None:
+        self._join_timeout_s = timeout_s
         self._subscriber.start()
         await asyncio.gather(*(cell.start(timeout_s) for cell in self.cells))
         self._replan(REPLAN_S[0])
         self._spawn(self._plan_every())
         self._spawn(self._watch())
+        if self._cells_file is not None:
+            self._spawn(self._follow_cells_file())
+
+    def add_cell(self, endpoint: str, signal_endpoint: str) -> int:
+        """One more cell (cells on Ray, as nodes join); its index. Requests go to it once it has joined,
+        signalled and has devices."""
+        index = len(self.cells)
+        self.cells.append(RemoteController(endpoint, f"{self._name}/cell-{index}", self._secret))
+        self._subscriber.add(signal_endpoint)
+        self._spawn(self._join(index))
+        return index
+
+    async def _join(self, index: int) -> None:
+        try:
+            await self.cells[index].start(self._join_timeout_s)
+        except TimeoutError:  # its join stays queued: the cell takes it when it binds
+            log.warning("cell %d did not answer within %g s", index, self._join_timeout_s)
+        else:
+            log.info("cell %d joined, with %d device(s)", index, self.cells[index].device_count)
+
+    async def _follow_cells_file(self, period_s: float = 0.5) -> None:
+        """Cells the server added since this frontend started (a JSON list of [endpoint, signal])."""
+        assert self._cells_file is not None
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                listed = json.loads(self._cells_file.read_text())
+                for endpoint, signal_endpoint in listed[len(self.cells) :]:
+                    self.add_cell(endpoint, signal_endpoint)
+            await asyncio.sleep(period_s)
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)
@@ -226,13 +264,15 @@ class CellsPort:
 
     @property
     def default_slo_ns(self) -> int:
-        return self.cells[0].default_slo_ns
+        return next((cell.default_slo_ns for cell in self.cells if cell.default_slo_ns), 0)
 
     async def refresh(self) -> bool:
         await asyncio.gather(*(cell.refresh() for cell in self._reachable()))
         return True
 
     async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
+        if not self.cells:
+            raise ServiceError("unavailable", "no cell has joined yet")
         self._arrivals[model] += len(samples)
         served = next((s for cell in self.cells if (s := cell.models.get(model)) is not None), None)
         costs = routing_costs(served.profile) if served is not None else Costs(0, 0, 0)
@@ -313,7 +353,9 @@ class CellsPort:
         return merged
 
     def count_dropped_client(self, transport: str, cause: str) -> None:
-        self.cells[0].count_dropped_client(transport, cause)
+        reachable = self._reachable()
+        if reachable:
+            reachable[0].count_dropped_client(transport, cause)
 
 
 def merge_expositions(texts: Sequence[tuple[int, bytes]]) -> bytes:

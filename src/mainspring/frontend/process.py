@@ -19,6 +19,7 @@ import msgspec
 
 from mainspring.frontend.cells_port import CellsPort
 from mainspring.frontend.remote import RemoteController
+from mainspring.transport.security import SECRET_ENV
 
 log = logging.getLogger("mainspring.frontend.process")  # also when run as __main__
 
@@ -37,6 +38,7 @@ class FrontendSpec(msgspec.Struct, frozen=True):
     auth_inference: bool = False
     cells: list[str] = []  # serve --cells N: each cell's controller; ``endpoint`` is then unused
     signals: list[str] = []  # and each cell's load signal
+    cells_file: str = ""  # cells on Ray: the cells added since, listed by the server (CellsPort follows it)
 
 
 TOKEN_ENV = "MAINSPRING_AUTH_TOKEN"
@@ -53,7 +55,8 @@ async def run_frontend(spec: FrontendSpec) -> None:
 
     controller: Any
     if spec.cells:
-        controller = CellsPort(spec.name, spec.cells, spec.signals)
+        secret = os.environ.get(SECRET_ENV, "")  # cells on Ray: their channels are TCP ports it guards
+        controller = CellsPort(spec.name, spec.cells, spec.signals, secret=secret, cells_file=spec.cells_file)
     else:
         controller = RemoteController(spec.endpoint, spec.name)
     await controller.start()

@@ -38,6 +38,7 @@ from mainspring.transport.frontend_messages import (
     decode_frontend,
 )
 from mainspring.transport.messages import CodecError, encode, metas_of
+from mainspring.transport.security import secure_worker
 
 log = logging.getLogger("mainspring.frontend.remote")  # also when run as __main__
 
@@ -48,9 +49,10 @@ DROPPED_EVERY_S = 1.0  # clients dropped are told the controller together, at mo
 class RemoteController:
     """The controller in another process, over a DEALER socket connected to ``endpoint``."""
 
-    def __init__(self, endpoint: str, name: str) -> None:
+    def __init__(self, endpoint: str, name: str, secret: str = "") -> None:
         self.endpoint = endpoint
         self.name = name
+        self._secret = secret  # the worker secret, where the channel is a TCP port (cells on Ray)
         self.models: dict[str, ServedModel] = {}
         self.device_count = 0
         self.accepting = False
@@ -68,6 +70,8 @@ class RemoteController:
     async def start(self, timeout_s: float = 30.0) -> None:
         socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
+        if self._secret and self.endpoint.startswith("tcp://"):  # a local ipc:// channel needs none
+            secure_worker(socket, self._secret)
         socket.connect(self.endpoint)
         self._socket = socket
         self._receiver = asyncio.create_task(self._receive())

@@ -1,0 +1,167 @@
+"""``mainspring serve --ray [ADDRESS] --cells N``: cells on a Ray cluster.
+
+A cell is up to 16 devices of one node (``CELL_DEVICES``; a node of 8 GPUs is one cell). Its placement
+group, pinned to that node, holds a bundle for its controller (a CPU) and one per device; the
+controller (``python -m mainspring.serve_cells SPEC``, as a ``CellActor``) and the workers (as
+``WorkerActor``\\ s) run there, so a cell's actions never cross the network. This process keeps the
+HTTP and gRPC ports and routes every request to a cell (``CellsPort``), as ``serve --cells N`` does
+on one machine; the cells' channels are TCP ports on their nodes instead of local sockets:
+
+- cell ``i`` takes its workers on ``worker_port + i`` and its frontends on ``worker_port + 1000 + 2i``,
+  and publishes its load signal on the port after; the worker secret, when set, guards the first two
+  (ZeroMQ CURVE); the signal (model names and times) is plain;
+- a cell whose controller exits is started again in its bundle, on the same ports: its workers
+  (``--rejoin``) say hello to it again with the weights they hold, and meanwhile the other cells
+  serve its models;
+- a node that joins the cluster brings new cells; one that leaves takes its cells with it;
+- serving starts once ``N`` cells have devices: ``N`` is how many the cluster has at the start, and
+  more come as nodes join.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from mainspring.frontend.cells_port import CellsPort
+from mainspring.frontend.process import TOKEN_ENV
+from mainspring.ray_cluster import RayPlacer, RayWorkers
+from mainspring.serve import run_server
+from mainspring.serve_cells import SECRET_FIELDS, CellSpec
+from mainspring.serve_config import CELL_DEVICES, ServeConfig
+from mainspring.transport.security import SECRET_ENV
+
+log = logging.getLogger("mainspring.serve")
+
+CHANNEL_PORT_OFFSET = 1000  # cell i's frontend channel: worker_port + this + 2i; its signal the next port
+
+
+class RayCells:
+    """The cells of this server on a Ray cluster (``serve.CellsFront``), and the ``CellsPort`` its frontends
+    use. The placer (``RayPlacer``, its own thread) reserves, starts and restarts them; this side names
+    them and tells the port."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self._dir: tempfile.TemporaryDirectory[str] | None = None  # the cells file's, from the start
+        self._endpoints: list[str] = []
+        self._signals: list[str] = []
+        self._addresses: list[str] = []  # each cell's node
+        self._lock = threading.Lock()
+        self._port = CellsPort("main", [], [], secret=config.worker_secret)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._placer: RayPlacer | None = None
+
+    @property
+    def port(self) -> CellsPort:
+        return self._port
+
+    @property
+    def endpoints(self) -> list[str]:
+        return self._endpoints
+
+    @property
+    def signal_endpoints(self) -> list[str]:
+        return self._signals
+
+    @property
+    def cells_file(self) -> str:
+        return str(self._file)
+
+    @property
+    def _file(self) -> Path:
+        assert self._dir is not None
+        return Path(self._dir.name) / "cells.json"
+
+    async def start(self) -> None:
+        config = self.config
+        self._loop = asyncio.get_running_loop()
+        self._dir = tempfile.TemporaryDirectory(prefix="mainspring-cells-")
+        await self._port.start(config.join_timeout_s)
+        workers = RayWorkers("", str(config.repo_path), config.pool_mib, config.worker_secret)
+        self._placer = RayPlacer(config.ray, workers, cells=self, cell_devices=CELL_DEVICES)
+        await asyncio.to_thread(self._placer.start)
+        log.info("placing cells on the Ray cluster at %s", config.ray)
+        await self._wait_for_cells(config.cells)
+
+    async def _wait_for_cells(self, count: int) -> None:
+        deadline = time.monotonic() + self.config.join_timeout_s
+        while (ready := sum(1 for cell in self._port.cells if cell.device_count > 0)) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"cells={count}, but {ready} cell(s) have devices after {self.config.join_timeout_s:.0f} s: "
+                    f"a cell is up to {CELL_DEVICES} devices of one node, with a CPU there for its controller; "
+                    "does the cluster have the nodes?"
+                )
+            await self._port.refresh()
+            await asyncio.sleep(0.2)
+        log.info("%d cells ready on Ray: %s device(s)", ready, [c.device_count for c in self._port.cells])
+
+    async def stop(self) -> None:
+        if self._placer is not None:  # each cell drains (answers what it holds), then every actor ends
+            await asyncio.to_thread(self._placer.stop, self.config.drain_s)
+        await self._port.close()
+        if self._dir is not None:
+            self._dir.cleanup()
+
+    # --- what the placer asks (its thread) -----------------------------------------------------------
+    def new_cell(self, address: str, devices: int) -> int:
+        with self._lock:
+            index = len(self._endpoints)
+            port = self.config.worker_port + CHANNEL_PORT_OFFSET + 2 * index
+            endpoint, signal = f"tcp://{address}:{port}", f"tcp://{address}:{port + 1}"
+            self._endpoints.append(endpoint)
+            self._signals.append(signal)
+            self._addresses.append(address)
+            listed = json.dumps(list(zip(self._endpoints, self._signals, strict=True)))
+            written = self._file.with_suffix(".tmp")
+            written.write_text(listed)
+            os.replace(written, self._file)  # a frontend process never reads half a list
+        self._on_loop(self._port.add_cell, endpoint, signal)
+        log.info("cell %d: %d device(s) on the Ray node at %s", index, devices, address)
+        return index
+
+    def cell_process(self, cell: int) -> tuple[list[str], dict[str, str]]:
+        config = self.config
+        cell_settings = dataclasses.replace(
+            config,
+            host=self._addresses[cell],
+            workers="tcp",  # the placer runs its workers, as actors beside it
+            worker_port=config.worker_port + cell,
+            ray="",
+            devices="",
+            cells=1,
+            frontends=1,
+            log_dir=os.path.join(config.log_dir, f"cell-{cell}") if config.log_dir else "",
+        )
+        values = {k: v for k, v in dataclasses.asdict(cell_settings).items() if k not in SECRET_FIELDS}
+        spec = CellSpec(cell, self._endpoints[cell], self._signals[cell], 0, values)
+        environment = {SECRET_ENV: config.worker_secret} if config.worker_secret else {}
+        if config.auth_token:
+            environment[TOKEN_ENV] = config.auth_token
+        return ["mainspring.serve_cells", msgspec.json.encode(spec).decode()], environment
+
+    def worker_endpoint(self, cell: int) -> str:
+        return f"tcp://{self._addresses[cell]}:{self.config.worker_port + cell}"
+
+    def cell_gone(self, cell: int, why: str) -> None:
+        self._on_loop(self._port.dead, cell, why)
+
+    def _on_loop(self, call: Callable[..., Any], *args: Any) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(call, *args)
+
+
+def run_ray_cells(config: ServeConfig) -> int:
+    return run_server(config, cells=RayCells(config))

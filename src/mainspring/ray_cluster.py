@@ -128,8 +128,8 @@ class CellHooks(Protocol):
         """Where cell ``cell``'s workers connect."""
         ...
 
-    def cell_gone(self, cell: int, why: str) -> None:
-        """Cell ``cell``'s controller exited (it is started again), or its node left (for good)."""
+    def cell_gone(self, cell: int, why: str, for_good: bool) -> None:
+        """Cell ``cell``'s controller exited (it is started again), or its node left (``for_good``)."""
         ...
 
 
@@ -244,7 +244,7 @@ class RayPlacer:
             log.warning("Ray node %s left the cluster; its workers go with it", key[0][:8])
             reserved = self._release(key)
             if reserved.cell is not None and self.cells is not None:
-                self.cells.cell_gone(reserved.cell, "its Ray node left the cluster")
+                self.cells.cell_gone(reserved.cell, "its Ray node left the cluster", for_good=True)
         for node, (address, devices, cpus) in wanted.items():
             for n, names in enumerate(self._groups(node, devices, cpus)):
                 if (node, n) not in self.reserved:
@@ -264,12 +264,11 @@ class RayPlacer:
         per device."""
         placement = importlib.import_module("ray.util.placement_group")
         bundles = [{"GPU": 1.0} if device.startswith("cuda") else {"CPU": 1.0} for device in devices]
-        cell = None
         if self.cells is not None:
             bundles.insert(0, {"CPU": 1.0})
-            cell = self.cells.new_cell(address, len(devices))
         on_node = [{NODE_LABEL: node}] * len(bundles)
         group = placement.placement_group(bundles, strategy="STRICT_PACK", bundle_label_selector=on_node)
+        cell = None if self.cells is None else self.cells.new_cell(address, len(devices))  # once it is reserved
         return _Reserved(node, address, devices, group, cell, [_Placed() for _ in bundles])
 
     def _release(self, key: tuple[str, int]) -> _Reserved:
@@ -292,7 +291,7 @@ class RayPlacer:
             log.warning("cell %d's controller on node %s is gone; starting it again in %.1f s", reserved.cell,
                         reserved.node[:8], delay)  # fmt: skip
             assert self.cells is not None
-            self.cells.cell_gone(reserved.cell, "its controller exited")
+            self.cells.cell_gone(reserved.cell, "its controller exited", for_good=False)
         else:
             device = reserved.devices[slot - (reserved.cell is not None)]
             log.warning("worker for %s on node %s is gone; placing it again in %.1f s", device, reserved.node[:8],

@@ -182,11 +182,10 @@ class Server:
         from mainspring.frontend.grpc import start_grpc
 
         self._grpc = await start_grpc(plane, f"{config.host}:{config.grpc_port}", share_port=shared)
-        workers = (
-            self.hub.endpoint
-            if self.cells is None
-            else f"ports {config.worker_port}-{config.worker_port + config.cells - 1} (one per cell)"
-        )
+        workers = self.hub.endpoint
+        if self.cells is not None:
+            workers = "their cells, placed by Ray" if config.ray else (
+                f"ports {config.worker_port}-{config.worker_port + config.cells - 1} (one per cell)")  # fmt: skip
         log.info("HTTP on http://%s:%d, gRPC on %s:%d, workers connect to %s",
                  config.host, config.http_port, config.host, config.grpc_port, workers)  # fmt: skip
         if shared:
@@ -212,7 +211,7 @@ class Server:
         await self.hub.start()
         self._frontend_hub = FrontendHub(self.service, cell.endpoint, secret=self.config.worker_secret)
         await self._frontend_hub.start()
-        self._publisher = SignalPublisher(cell.signal_endpoint, self._signal)
+        self._publisher = SignalPublisher(cell.signal_endpoint, self._signal, self.config.worker_secret)
         self._publisher.start()
         self.service.guard.tick_listeners.append(self._publisher.tick)
         if self.config.workers == "local":

@@ -64,12 +64,16 @@ def test_a_frontend_follows_the_cells_file_and_reaches_a_tcp_cell_only_with_the_
         try:
             with pytest.raises(InferenceError, match="not served yet"):  # no cell yet: 503
                 await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
-            listed.write_text(json.dumps([[hub.endpoint, f"tcp://127.0.0.1:{signal}"]]))
-            await until(lambda: len(cells.cells) == 1 and cells.cells[0].device_count == 2, timeout_s=10)
+            listed.write_text(json.dumps([[hub.endpoint, f"tcp://127.0.0.1:{signal}", False]]))
+            await until(lambda: len(cells.cells) == 1 and cells.device_count == 2, timeout_s=10)
             _, outputs = await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
             np.testing.assert_array_equal(outputs[0].data, values)  # the echo model: its own answer
             with pytest.raises(TimeoutError):  # CURVE refuses its handshake: it never joins
                 await outsider.start(timeout_s=1.0)
+            listed.write_text(json.dumps([[hub.endpoint, f"tcp://127.0.0.1:{signal}", True]]))  # its node left
+            await until(lambda: cells.device_count == 0 and not cells.models, timeout_s=10)
+            with pytest.raises(InferenceError, match="not served"):
+                await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
         finally:
             await outsider.close()
             await cells.close()

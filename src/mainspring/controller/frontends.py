@@ -28,6 +28,7 @@ from mainspring.protocol.models import ModelInfo
 from mainspring.protocol.tensors import Sample
 from mainspring.transport.frontend_messages import (
     CAUSES,
+    RESTARTED,
     Answers,
     Applied,
     Ask,
@@ -40,7 +41,7 @@ from mainspring.transport.frontend_messages import (
     decode_frontend,
 )
 from mainspring.transport.messages import CodecError, encode, metas_of
-from mainspring.transport.security import secure_controller
+from mainspring.transport.security import secure_controller, tcp_secret
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class FrontendHub:
     def __init__(self, service: ControllerService, endpoint: str, secret: str = "") -> None:
         self.service = service
         self.endpoint = endpoint
-        self._secret = secret if endpoint.startswith("tcp://") else ""  # a local ipc:// channel needs none
+        self._secret = tcp_secret(endpoint, secret)
         self._context = zmq.asyncio.Context() if self._secret else zmq.asyncio.Context.instance()  # its own ZAP handler
         self._authenticator: AsyncioAuthenticator | None = None
         self._socket: zmq.asyncio.Socket | None = None
@@ -69,12 +70,14 @@ class FrontendHub:
         return len(self._frontends)
 
     async def start(self) -> None:
-        socket = self._context.socket(zmq.ROUTER)
+        socket = self._socket = self._context.socket(zmq.ROUTER)  # closed by ``close`` even if the bind fails
         socket.setsockopt(zmq.LINGER, 0)
         if self._secret:
             self._authenticator = secure_controller(self._context, socket, self._secret)
-        socket.bind(self.endpoint)
-        self._socket = socket
+        try:
+            socket.bind(self.endpoint)
+        except zmq.ZMQError as error:
+            raise OSError(f"cannot listen for frontends on {self.endpoint}: {error.strerror}") from None
         self.service.state_listeners.append(self._broadcast_if_changed)
         self._receiver = asyncio.create_task(self._receive())
 
@@ -153,7 +156,7 @@ class FrontendHub:
                 # Sent to a process of this controller that died (it queued in the frontend's socket): that
                 # frontend will not wait for it, and running it here would do the work twice.
                 reason = "this controller was restarted since the call was sent; the frontend joins it again"
-                await self._send(key, Refused(message.call, "unavailable", reason))
+                await self._send(key, Refused(message.call, RESTARTED, reason))
             elif isinstance(message, Submit) and samples is not None:
                 self._spawn(self._infer(key, message, samples))
             elif isinstance(message, Ask):

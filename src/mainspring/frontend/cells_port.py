@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 STALE_S = 1.0  # a cell silent this long is taken as gone
 REPLAN_S = (0.25, 2.0)  # the first re-plan, and the longest interval between re-plans (doubling)
+LISTED_JOIN_S = 10.0  # a frontend process waits this long at most for the cells listed at its start
 HANDOVER_S = 1.0  # a model that moves is served by its old and new cells this long (the new one warms it)
 DEVICE_ID_STRIDE = 1000  # the live page shows cell i's device d as i * this + d
 
@@ -64,11 +65,12 @@ class CellsPort:
         self._join_timeout_s = 60.0
         self.router = Router()
         self._placement_config = placement or PlacementConfig()
-        self._subscriber = SignalSubscriber(list(signal_endpoints), self._signal)
+        self._subscriber = SignalSubscriber(list(signal_endpoints), self._signal, secret)
         self._seen: dict[int, int] = {}  # cell -> monotonic ns of its last signal
         self._incarnation: dict[int, int] = {}  # cell -> the run of its process that signalled last
         self._silent: set[int] = set()
         self._dead: set[int] = set()
+        self._departed: set[int] = set()  # gone for good (its Ray node left): dead, and counted nowhere
         self._rejoining: set[int] = set()
         self.placement: Placement = {}
         self._handover: dict[str, tuple[float, tuple[int, ...]]] = {}  # model -> (until, old and new cells)
@@ -84,7 +86,18 @@ class CellsPort:
         self._spawn(self._plan_every())
         self._spawn(self._watch())
         if self._cells_file is not None:
+            await self._join_listed(min(timeout_s, LISTED_JOIN_S))
             self._spawn(self._follow_cells_file())
+
+    async def _join_listed(self, timeout_s: float) -> None:
+        """The cells the server lists now, joined before this frontend takes requests (one that does not
+        answer within ``timeout_s``, a cell still starting, is joined when it does)."""
+        self._sync_cells_file()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(
+            not cell.joined for index, cell in enumerate(self.cells) if index not in self._dead
+        ):
+            await asyncio.sleep(0.02)
 
     def add_cell(self, endpoint: str, signal_endpoint: str) -> int:
         """One more cell (cells on Ray, as nodes join); its index. Requests go to it once it has joined,
@@ -104,14 +117,33 @@ class CellsPort:
             log.info("cell %d joined, with %d device(s)", index, self.cells[index].device_count)
 
     async def _follow_cells_file(self, period_s: float = 0.5) -> None:
-        """Cells the server added since this frontend started (a JSON list of [endpoint, signal])."""
-        assert self._cells_file is not None
+        """The cells the server lists (a JSON list of [endpoint, signal, departed]): new ones are added,
+        departed ones dropped."""
         while True:
-            with contextlib.suppress(OSError, ValueError):
-                listed = json.loads(self._cells_file.read_text())
-                for endpoint, signal_endpoint in listed[len(self.cells) :]:
-                    self.add_cell(endpoint, signal_endpoint)
             await asyncio.sleep(period_s)
+            self._sync_cells_file()
+
+    def _sync_cells_file(self) -> None:
+        assert self._cells_file is not None
+        try:
+            listed = json.loads(self._cells_file.read_text())
+        except (OSError, ValueError):
+            return  # not written yet
+        for endpoint, signal_endpoint, _ in listed[len(self.cells) :]:
+            self.add_cell(endpoint, signal_endpoint)
+        for index, (_, _, departed) in enumerate(listed):
+            if departed and index not in self._departed:
+                self.depart(index, "the server says it left")
+
+    def depart(self, index: int, why: str) -> None:
+        """Cell ``index`` is gone for good (its node left): as ``dead``, and its models, devices and
+        capacity count no more."""
+        self.dead(index, why)
+        self._departed.add(index)
+
+    def _present(self) -> list[RemoteController]:
+        """Every cell but the departed ones."""
+        return [cell for index, cell in enumerate(self.cells) if index not in self._departed]
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)
@@ -145,7 +177,7 @@ class CellsPort:
     # --- the signal and the placement --------------------------------------------------------------
     def _signal(self, signal: CellSignal) -> None:
         index = signal.cell
-        if not 0 <= index < len(self.cells):
+        if not 0 <= index < len(self.cells) or index in self._departed:
             return
         known = self._incarnation.get(index)
         self._incarnation[index] = signal.incarnation
@@ -186,8 +218,8 @@ class CellsPort:
         return live
 
     def _reachable(self) -> list[RemoteController]:
-        """The cells a call can reach (not dead): the others would only make it wait out its bound."""
-        return [cell for index, cell in enumerate(self.cells) if index not in self._dead]
+        """The cells a call can reach (joined, not dead): the others would only make it wait out its bound."""
+        return [cell for index, cell in enumerate(self.cells) if index not in self._dead and cell.joined]
 
     async def _plan_every(self) -> None:
         interval = REPLAN_S[0]
@@ -207,7 +239,10 @@ class CellsPort:
         capacities = [
             CellCapacity(i, max(1, cell.device_count), max(1, cell.device_count) * DEFAULT_POOL_BYTES)
             for i, cell in enumerate(self.cells)
+            if i not in self._departed
         ]
+        if not capacities:
+            return
         demands = [demand_of(m.profile.renamed(name), self._rates.get(name, 0.0)) for name, m in models.items()]
         placement = plan(capacities, demands, self.placement, self._placement_config)
         now = time.monotonic()
@@ -230,35 +265,39 @@ class CellsPort:
 
     def _cells_for(self, model: str) -> list[int]:
         """The model's cells that are live and serve it (while it moves, its old cells too; a restarted
-        cell serves nothing until its workers are back); else any cell that does."""
+        cell serves nothing until its workers are back); else any reachable cell that serves it (a
+        frontend that has heard no signal yet); else every cell still there."""
         cells = self.cells
-        able = [c for c in self.live_cells() if model in cells[c].models and cells[c].device_count > 0]
+        serving = [c for c in range(len(cells))
+                   if c not in self._dead and model in cells[c].models and cells[c].device_count > 0]  # fmt: skip
+        live = set(self.live_cells())
+        able = [c for c in serving if c in live]
         handover = self._handover.get(model)
         own = handover[1] if handover is not None and handover[0] > time.monotonic() else self.placement.get(model, ())
         placed = [c for c in own if c in able]
-        return placed or able or list(range(len(cells)))
+        return placed or able or serving or [c for c in range(len(cells)) if c not in self._departed]
 
     # --- ControllerPort ---------------------------------------------------------------------------
     @property
     def models(self) -> Mapping[str, ServedModel]:
         merged: dict[str, ServedModel] = {}
-        for cell in self.cells:
+        for cell in self._present():
             for name, served in cell.models.items():
                 merged.setdefault(name, served)
         return merged
 
     @property
     def device_count(self) -> int:
-        return sum(cell.device_count for cell in self.cells)
+        return sum(cell.device_count for cell in self._present())
 
     @property
     def accepting(self) -> bool:
-        return any(cell.accepting for cell in self.cells)
+        return any(cell.accepting for cell in self._present())
 
     @property
     def load_errors(self) -> Mapping[str, str]:
         merged: dict[str, str] = {}
-        for cell in self.cells:
+        for cell in self._present():
             merged.update(cell.load_errors)
         return merged
 
@@ -267,28 +306,30 @@ class CellsPort:
         return next((cell.default_slo_ns for cell in self.cells if cell.default_slo_ns), 0)
 
     async def refresh(self) -> bool:
-        await asyncio.gather(*(cell.refresh() for cell in self._reachable()))
+        # one that died meanwhile is left to its restart (``dead``)
+        await asyncio.gather(*(cell.refresh() for cell in self._reachable()), return_exceptions=True)
         return True
 
     async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
-        if not self.cells:
-            raise ServiceError("unavailable", "no cell has joined yet")
+        candidates = self._cells_for(model)
+        if not candidates:
+            raise ServiceError("unavailable", "no cell is up")
         self._arrivals[model] += len(samples)
-        served = next((s for cell in self.cells if (s := cell.models.get(model)) is not None), None)
+        served = next((s for cell in self._present() if (s := cell.models.get(model)) is not None), None)
         costs = routing_costs(served.profile) if served is not None else Costs(0, 0, 0)
         now = time.monotonic_ns()
         deadline = now + (slo_ns if slo_ns is not None else self.default_slo_ns)
-        chosen = self.router.pick(model, self._cells_for(model), now, costs)
+        chosen = self.router.pick(model, candidates, now, costs)
         try:
             return await self.cells[chosen].infer(model, samples, slo_ns)
         except ServiceError as error:
             others = [c for c in self._cells_for(model) if c != chosen]
-            if error.kind != "unavailable" or chosen not in self._dead or not others:
+            if not error.never_ran or not others:
                 raise
             left = deadline - time.monotonic_ns()
             if left <= 0:
                 raise
-            # its cell died with it: it was never answered there
+            # its cell died with it, or a new run of the cell refused it: it never ran there
             return await self.cells[others[0]].infer(model, samples, left)
 
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:

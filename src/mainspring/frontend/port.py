@@ -21,9 +21,10 @@ Answer = tuple[Response, Any]  # one request's response, and its outputs when it
 class ServiceError(Exception):
     """A request the service cannot take; ``kind`` is ``unavailable``, ``overloaded``, ``not_found`` or ``invalid``."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, never_ran: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.never_ran = never_ran  # the call is known not to have reached a worker: another may take it
 
 
 @dataclass

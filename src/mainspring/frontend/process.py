@@ -54,7 +54,7 @@ async def run_frontend(spec: FrontendSpec) -> None:
     from mainspring.models.repository import ModelRepository
 
     controller: Any
-    if spec.cells:
+    if spec.cells or spec.cells_file:
         secret = os.environ.get(SECRET_ENV, "")  # cells on Ray: their channels are TCP ports it guards
         controller = CellsPort(spec.name, spec.cells, spec.signals, secret=secret, cells_file=spec.cells_file)
     else:

@@ -26,6 +26,7 @@ from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
 from mainspring.time import NS_PER_S
 from mainspring.transport.frontend_messages import (
+    RESTARTED,
     Answers,
     Applied,
     Ask,
@@ -38,7 +39,7 @@ from mainspring.transport.frontend_messages import (
     decode_frontend,
 )
 from mainspring.transport.messages import CodecError, encode, metas_of
-from mainspring.transport.security import secure_worker
+from mainspring.transport.security import secure_worker, tcp_secret
 
 log = logging.getLogger("mainspring.frontend.remote")  # also when run as __main__
 
@@ -67,10 +68,15 @@ class RemoteController:
         self._dropped_due: asyncio.TimerHandle | None = None
         self._sends: set[asyncio.Task[Any]] = set()
 
+    @property
+    def joined(self) -> bool:
+        """The controller took this frontend in (its state came)."""
+        return self._joined.is_set()
+
     async def start(self, timeout_s: float = 30.0) -> None:
         socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
-        if self._secret and self.endpoint.startswith("tcp://"):  # a local ipc:// channel needs none
+        if tcp_secret(self.endpoint, self._secret):
             secure_worker(socket, self._secret)
         socket.connect(self.endpoint)
         self._socket = socket
@@ -83,7 +89,7 @@ class RemoteController:
         answered: a restarted controller never received it), instead of at its bound."""
         waiting = [f for f in self._waiting.values() if not f.done()]
         for future in waiting:
-            future.set_exception(ServiceError("unavailable", reason))
+            future.set_exception(ServiceError("unavailable", reason, never_ran=True))
         self._waiting.clear()
         return len(waiting)
 
@@ -154,7 +160,8 @@ class RemoteController:
         """Send ``message`` and wait for its answer, at most ``timeout_s``: a controller that is gone or
         stuck must not hold a client's call without a bound."""
         if self._socket is None:
-            raise ServiceError("unavailable", "the controller is gone; this frontend joins it again when it is back")
+            raise ServiceError("unavailable", "the controller is gone; this frontend joins it again when it is back",
+                               never_ran=True)  # fmt: skip
         future: asyncio.Future[tuple[Any, list[dict[str, Any]] | None]] = asyncio.get_running_loop().create_future()
         self._waiting[call] = future
         await self._socket.send_multipart(encode(message, samples), copy=False)
@@ -164,6 +171,8 @@ class RemoteController:
             raise ServiceError("unavailable", f"the controller did not answer within {timeout_s:.1f} s") from None
         finally:
             self._waiting.pop(call, None)
+        if isinstance(reply, Refused) and reply.kind == RESTARTED:
+            raise ServiceError("unavailable", reply.message, never_ran=True)
         if isinstance(reply, Refused):
             raise ServiceError(reply.kind, reply.message)
         return reply, tensors

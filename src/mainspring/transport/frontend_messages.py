@@ -84,8 +84,12 @@ class Answers(msgspec.Struct, frozen=True, tag=True):
     outputs: list[list[TensorMeta]]
 
 
+RESTARTED = "restarted"  # a Refused kind: sent to a process of the controller that died, so never run
+
+
 class Refused(msgspec.Struct, frozen=True, tag=True):
-    """The call failed as a whole: ``kind`` is a ``ServiceError`` kind (not_found, invalid, ...)."""
+    """The call failed as a whole: ``kind`` is a ``ServiceError`` kind (not_found, invalid, ...), or
+    ``RESTARTED``."""
 
     call: int
     kind: str

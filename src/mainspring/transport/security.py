@@ -63,6 +63,19 @@ def secure_controller(context: zmq.asyncio.Context, socket: zmq.asyncio.Socket, 
     return authenticator
 
 
+def tcp_secret(endpoint: str, secret: str) -> str:
+    """The secret a channel on ``endpoint`` uses: a local ``ipc://`` channel (a folder only this user may
+    enter) needs none; a TCP one the worker secret, where set."""
+    return secret if endpoint.startswith("tcp://") else ""
+
+
+def secure_publisher(socket: zmq.Socket[Any], secret: str) -> None:
+    """Make ``socket`` (before bind) a CURVE server that only holders of ``secret`` can read and that no
+    one without it can pose as (subscribers check its key: ``secure_worker``)."""
+    socket.curve_secretkey = curve_pair(secret, "controller")[1]
+    socket.curve_server = True
+
+
 def secure_worker(socket: zmq.Socket[Any], secret: str) -> None:
     """Make ``socket`` (before connect) a CURVE client of the controller that holds ``secret``."""
     public, private = curve_pair(secret, "worker")

@@ -200,11 +200,16 @@ class WorkerConnection:
                     heard = time.monotonic()
                     said_bye = self._handle(sock, sock.recv_multipart(copy=True))
                     if said_bye is not None:
-                        return said_bye
+                        outcome = said_bye
+                        break
+                if outcome != STOPPED:
+                    break
             if outcome == STOPPED:  # what finished before the stop still goes out (the socket lingers 1 s)
                 self._send_outgoing(sock)
         finally:
-            sock.close()
+            # A controller that is gone is owed nothing: what its socket still queues (results, pongs) must
+            # not reach the next one on that address, ahead of or beside this worker's new hello.
+            sock.close(linger=None if outcome == STOPPED else 0)
         return outcome
 
     def _send_outgoing(self, sock: zmq.Socket[bytes]) -> None:

@@ -39,6 +39,16 @@ def test_progressive_activation_adds_one_model_per_interval() -> None:
     assert all(first_seen[f"m{i}"] >= i * NS_PER_S for i in range(4))
 
 
+def test_progressive_activation_waits_for_its_start() -> None:
+    workload = ProgressiveActivation(1000, initial=1, interval_s=1.0, start_s=2.0)
+    arrivals = list(workload.arrivals(MODELS, 4 * NS_PER_S, random.Random(2)))
+    assert arrivals and min(a.time_ns for a in arrivals) >= 2 * NS_PER_S  # nothing in the lead-in
+    assert {a.model for a in arrivals} == {"m0", "m1"}  # two seconds of activation: two models
+    assert 1500 < len(arrivals) < 2500  # the rate holds from the start on
+    with pytest.raises(ValueError, match="start_s >= 0"):
+        ProgressiveActivation(1000, start_s=-1)
+
+
 def test_a_composition_labels_its_parts_and_the_report_breaks_attainment_down() -> None:
     workload = Composition(
         [

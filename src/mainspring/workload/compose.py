@@ -46,29 +46,39 @@ class FixedRate(Workload):
 @dataclass
 class ProgressiveActivation(Workload):
     """Poisson arrivals at ``rate_rps`` in total, spread evenly over the models active so far:
-    ``initial`` at the start, one more every ``interval_s`` (Clockwork's Fig. 6 "major" models)."""
+    ``initial`` at ``start_s``, one more every ``interval_s`` (Clockwork's Fig. 6 "major" models,
+    which start after the minor model ran alone for a lead-in). A uniform pick of the active model per
+    arrival is the same as a Poisson process per model at ``rate_rps / active``."""
 
     rate_rps: float
     initial: int = 1
     interval_s: float = 1.0
+    start_s: float = 0.0
     name = "progressive"
 
     def __post_init__(self) -> None:
-        if not self.rate_rps > 0 or self.initial < 1 or not self.interval_s > 0:
+        if not self.rate_rps > 0 or self.initial < 1 or not self.interval_s > 0 or self.start_s < 0:
             raise ValueError(
-                f"progressive activation needs rate_rps > 0, initial >= 1, interval_s > 0; "
-                f"got {self.rate_rps}, {self.initial}, {self.interval_s}"
+                f"progressive activation needs rate_rps > 0, initial >= 1, interval_s > 0, start_s >= 0; "
+                f"got {self.rate_rps}, {self.initial}, {self.interval_s}, {self.start_s}"
             )
 
     def active_at(self, time_ns: int, n_models: int) -> int:
-        return min(n_models, self.initial + int(time_ns // (self.interval_s * NS_PER_S)))
+        """Models active at ``time_ns`` (0 before ``start_s``)."""
+        since = time_ns - self.start_s * NS_PER_S
+        if since < 0:
+            return 0
+        return min(n_models, self.initial + int(since // (self.interval_s * NS_PER_S)))
 
     def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
-        for t in poisson_times(self.rate_rps, duration_ns, rng):
+        start = int(self.start_s * NS_PER_S)
+        for t in poisson_times(self.rate_rps, max(0, duration_ns - start), rng):
+            t += start
             yield Arrival(t, models[rng.randrange(self.active_at(t, len(models)))].model)
 
     def describe(self) -> str:
-        return f"{self.rate_rps:g} r/s over {self.initial}+1 per {self.interval_s:g} s active models"
+        start = f" from {self.start_s:g} s" if self.start_s else ""
+        return f"{self.rate_rps:g} r/s over {self.initial}+1 per {self.interval_s:g} s active models{start}"
 
 
 @dataclass

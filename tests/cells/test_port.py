@@ -80,3 +80,40 @@ def test_a_frontend_follows_the_cells_file_and_reaches_a_tcp_cell_only_with_the_
             await hub.close()
 
     with_service(test)
+
+
+def test_a_cell_that_no_longer_knows_the_frontend_is_joined_again(tmp_path: Path) -> None:
+    """The frontend's socket reconnected under a new identity (a dropped TCP link): the live cell
+    refuses its calls as from a stranger; the frontend joins it again instead of failing for good."""
+    import asyncio
+
+    import zmq
+    import zmq.asyncio
+
+    from mainspring.controller.frontends import FrontendHub
+    from mainspring.controller.service import ControllerService
+    from tests.controller.test_service import tensor, with_service
+    from tests.waiting import until
+
+    async def test(service: ControllerService, _: DataPlane, __: object) -> None:
+        hub = FrontendHub(service, f"ipc://{tmp_path}/cell-0")
+        await hub.start()
+        cells = CellsPort("frontend-1", [hub.endpoint], [f"ipc://{tmp_path}/cell-0-signal"])
+        await cells.start(timeout_s=5)
+        values = np.arange(3, dtype=np.float32).reshape(1, 3)
+        try:
+            cell = cells.cells[0]
+            await cell._stop_receiving()  # a new socket, never joined: what the cell sees after the drop
+            cell._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+            cell._socket.connect(hub.endpoint)
+            cell._receiver = asyncio.create_task(cell._receive())
+            with pytest.raises(InferenceError, match="restarted since the call was sent"):  # its only cell
+                await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
+            await until(lambda: not cells._rejoining and cell.joined, timeout_s=10)
+            _, outputs = await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
+            np.testing.assert_array_equal(outputs[0].data, values)
+        finally:
+            await cells.close()
+            await hub.close()
+
+    with_service(test)

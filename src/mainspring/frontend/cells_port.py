@@ -162,7 +162,8 @@ class CellsPort:
             return
         self._dead.add(index)
         failed = self.cells[index].fail_waiting(f"cell {index}'s controller is gone ({why})")
-        self._spawn(self.cells[index].disconnect())
+        if index not in self._rejoining:  # a rejoin under way replaces the socket itself
+            self._spawn(self.cells[index].disconnect())
         log.warning("cell %d is gone (%s): its models go to the other cells; %d call(s) it held are tried "
                     "elsewhere", index, why, failed)  # fmt: skip
 
@@ -198,6 +199,9 @@ class CellsPort:
         except (TimeoutError, ServiceError) as error:
             log.warning("cell %d did not take this frontend back: %r", index, error)
         else:
+            if index in self._departed:  # it left while this ran: it stays gone
+                await self.cells[index].disconnect()
+                return
             self._dead.discard(index)
             log.info("cell %d is back, with %d device(s)", index, self.cells[index].device_count)
         finally:
@@ -324,6 +328,11 @@ class CellsPort:
             return await self.cells[chosen].infer(model, samples, slo_ns)
         except ServiceError as error:
             others = [c for c in self._cells_for(model) if c != chosen]
+            if error.never_ran and chosen not in self._dead and chosen not in self._rejoining:
+                # a live cell that no longer knows this frontend (its socket reconnected under a new
+                # identity): join it again, as after a restart
+                self._rejoining.add(chosen)
+                self._spawn(self._rejoin(chosen))
             if not error.never_ran or not others:
                 raise
             left = deadline - time.monotonic_ns()
@@ -345,9 +354,9 @@ class CellsPort:
         """Every reachable cell's call runs to its end; the first failure is raised after (a cell that
         failed keeps what it had, as one controller does). A dead cell misses it: a restarted cell
         serves what its repository and workers say."""
-        if len(calls) < len(self.cells):
+        if len(calls) < len(self._present()):
             log.warning("%s of %s reaches %d of %d cells (the others are restarting)", what, model, len(calls),
-                        len(self.cells))  # fmt: skip
+                        len(self._present()))  # fmt: skip
         results = await asyncio.gather(*calls, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):

@@ -24,7 +24,9 @@ class ServiceError(Exception):
     def __init__(self, kind: str, message: str, never_ran: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
-        self.never_ran = never_ran  # the call is known not to have reached a worker: another may take it
+        # No answer will come from where the call went (its controller died, or a new run of it refused
+        # the call): another controller may take it. It may have run on the dead one, never to be answered.
+        self.never_ran = never_ran
 
 
 @dataclass

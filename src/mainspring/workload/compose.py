@@ -65,7 +65,7 @@ class ProgressiveActivation(Workload):
 
     def active_at(self, time_ns: int, n_models: int) -> int:
         """Models active at ``time_ns`` (0 before ``start_s``)."""
-        since = time_ns - self.start_s * NS_PER_S
+        since = time_ns - int(self.start_s * NS_PER_S)  # integers: an arrival at the start is active
         if since < 0:
             return 0
         return min(n_models, self.initial + int(since // (self.interval_s * NS_PER_S)))

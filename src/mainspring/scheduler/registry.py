@@ -13,6 +13,7 @@ from mainspring.scheduler.baselines.reactive import ReactiveConfig
 from mainspring.scheduler.baselines.triton import TritonScheduler
 from mainspring.scheduler.clockwork import ClockworkConfig, ClockworkScheduler
 from mainspring.scheduler.infer4 import Infer4Scheduler
+from mainspring.scheduler.infer5 import Infer5Scheduler
 
 # profiles, devices, seeded generator, deadline margin (ns: the result's trip back to the client)
 SchedulerFactory = Callable[[Mapping[str, ModelProfile], Sequence[DeviceSpec], random.Random, int], Scheduler]
@@ -38,6 +39,10 @@ _FACTORIES: dict[str, SchedulerFactory] = {
     "clockwork": _clockwork(),
     # INFER4 keeps its own 5 ms buffer before every deadline; the baselines plan no deadlines.
     "infer4": lambda profiles, devices, rng, margin_ns: Infer4Scheduler(
+        profiles, devices, rng, deadline_margin_ns=margin_ns
+    ),
+    # INFER5, the scheduler of the authors' Figs. 5-8 and 11: schedule-ahead 10 ms, batches of at most 8.
+    "infer5": lambda profiles, devices, rng, margin_ns: Infer5Scheduler(
         profiles, devices, rng, deadline_margin_ns=margin_ns
     ),
     "triton": lambda profiles, devices, rng, margin_ns: TritonScheduler(profiles, devices, ReactiveConfig()),

@@ -103,6 +103,9 @@ class _Flight:
 class Infer4Scheduler(PolicyBookkeeping):
     """INFER4 on the ``Scheduler`` contract: one pass plans infers, then loads, on every device."""
 
+    schedule_ahead_ns = SCHEDULE_AHEAD_NS  # INFER5 takes both from its command line (``infer5/policy.py``)
+    latest_delta_ns = LATEST_DELTA_NS
+
     def __init__(
         self,
         profiles: Mapping[str, ModelProfile],
@@ -131,12 +134,12 @@ class Infer4Scheduler(PolicyBookkeeping):
         name = request.model
         slo = request.slo_ns
         b1 = self._b1_ns(name)
-        exec_slo = max(slo - BUFFER_NS, SCHEDULE_AHEAD_NS + BUFFER_NS)
+        exec_slo = max(slo - BUFFER_NS, self.schedule_ahead_ns + BUFFER_NS)
         load_ns = max(self.estimator.load_ns(name, kind) for kind in self._kinds())
-        load_budget = load_ns + b1 + BUFFER_NS + SCHEDULE_AHEAD_NS
+        load_budget = load_ns + b1 + BUFFER_NS + self.schedule_ahead_ns
         # As the source's unsigned arithmetic: a budget beyond the SLO leaves the SLO itself.
         load_slo = min(MAX_LOAD_SLO_NS, slo - load_budget if load_budget <= slo else slo)
-        load_slo = max(load_slo, SCHEDULE_AHEAD_NS + BUFFER_NS)
+        load_slo = max(load_slo, self.schedule_ahead_ns + BUFFER_NS)
         demand = self.tracker.add_request(name, b1, exec_slo, load_slo, now_ns)
         model = self.models.setdefault(name, _Model())
         queued = _Queued(request, model.next_seq, request.arrival_ns + exec_slo, demand)
@@ -253,7 +256,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         strategies = device.strategies
         while strategies:
             free_at = max(now_ns + FUTURE_NS, device.exec_lane.free_ns)
-            if free_at >= now_ns + SCHEDULE_AHEAD_NS:
+            if free_at >= now_ns + self.schedule_ahead_ns:
                 return
             _, _, size, name, seq = heapq.heappop(strategies)
             if name in device.loaded:
@@ -309,7 +312,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         now_ns: int,
         decisions: Decisions,
     ) -> None:
-        latest = max(now_ns + FUTURE_NS + LATEST_DELTA_NS, start_ns + LATEST_DELTA_NS)
+        latest = max(now_ns + FUTURE_NS + self.latest_delta_ns, start_ns + self.latest_delta_ns)
         action = Infer(
             action_id=self._new_action_id(),
             device=device.spec.device,
@@ -371,7 +374,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         if now_ns - device.last_load_ns < MIN_LOAD_GAP_NS or device.loads_in_flight >= MAX_LOADS:
             return
         available = max(now_ns + FUTURE_NS, device.load_lane.free_ns)
-        if available >= now_ns + SCHEDULE_AHEAD_NS:
+        if available >= now_ns + self.schedule_ahead_ns:
             return
         device.last_load_ns = now_ns
         name = self.tracker.model_to_load(device.spec.device)
@@ -390,7 +393,7 @@ class Infer4Scheduler(PolicyBookkeeping):
             return
         device.free_pages -= need
         expected = self.estimator.load_ns(name, device.spec.kind)
-        latest = max(now_ns + FUTURE_NS + LATEST_DELTA_NS, available + LATEST_DELTA_NS)
+        latest = max(now_ns + FUTURE_NS + self.latest_delta_ns, available + self.latest_delta_ns)
         load = LoadWeights(self._new_action_id(), device.spec.device, name, now_ns, latest, expected)
         device.load_lane.plan(load.action_id, available, expected)
         device.loading[name] = load.action_id
@@ -457,9 +460,9 @@ class Infer4Scheduler(PolicyBookkeeping):
             best = max(self._timeouts[0][0], now_ns + 1)
         for device in self.devices.values():
             if device.strategies:
-                best = min(best, max(now_ns + 1, device.exec_lane.free_ns - SCHEDULE_AHEAD_NS + 1))
+                best = min(best, max(now_ns + 1, device.exec_lane.free_ns - self.schedule_ahead_ns + 1))
             if device.load_wanted and device.loads_in_flight < MAX_LOADS:
-                due = max(device.load_lane.free_ns - SCHEDULE_AHEAD_NS + 1, device.last_load_ns + MIN_LOAD_GAP_NS)
+                due = max(device.load_lane.free_ns - self.schedule_ahead_ns + 1, device.last_load_ns + MIN_LOAD_GAP_NS)
                 best = min(best, max(now_ns + 1, due))
         return None if best == NEVER else best
 

@@ -13,6 +13,8 @@ HEADER = """# Clockwork's evaluation, reproduced in the simulator
 Written by `make paper` (each section by `benchmarks/paper/<figure>.py`, which prints the same table).
 Every policy of a row ran on the identical arrival sequence: `clockwork` (ours), `infer4` (Clockwork's
 INFER4 as published, `src/mainspring/scheduler/infer4/`), and the reactive baselines `triton` and `clipper`.
+The authors ran INFER5 for Figs. 5-8 and 11 and INFER4 for Figs. 9-10; INFER5 is ported (`--policy infer5`,
+`src/mainspring/scheduler/infer5/`), but the sections below do not run it yet.
 Durations come from Clockwork's published V100 profiles times the default noise model; the settings of
 each figure are in its section. Where the paper gives a number for a figure, the section quotes it;
 most of its figures are plots without a table. Plots: `out/paper/*.png`.

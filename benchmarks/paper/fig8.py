@@ -35,7 +35,7 @@ on every device the class needs, a non-preemptive policy keeps it whole only by 
 batch-model batches there. Clockwork does so in part (ours, step 2: its batch goodput falls from
 4,285 to 1,557 r/s as the class is served, 97.90% with 12 x 16), INFER4 hardly; both fall near 0% at
 the first steps with batch clients and recover a step or two later (clockwork: 99.93% and above
-from step 3 in ours, 98.89% and above from step 5 in the authors'). Where `bound` is `none` even a
+from step 3 in ours, 98.29% and above from step 5 in the authors'). Where `bound` is `none` even a
 batch of one cannot wait for a batch of one.
 
 Departures from the authors' setting, besides the ones in each table's setting: their scheduler

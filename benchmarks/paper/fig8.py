@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from common import markdown_table, parser, resnet50_copies, side_by_side, write_section
+from common import OUT, markdown_table, parser, resnet50_copies, side_by_side, write_section
 
 from mainspring.models.profile import ModelProfile
 from mainspring.scheduler.registry import parse_policies
@@ -163,6 +163,7 @@ def main() -> None:
         f"Per step, the authors' setting ({authors.describe()}; their steps are 30 s):",
         step_table(authors, authors_results, models[0]),
     ]
+    plot([(ours, ours_results), (authors, authors_results)])
     write_section(
         "fig8",
         "Fig. 8: isolation of latency-sensitive models from batch clients (6 devices)",
@@ -173,6 +174,32 @@ def main() -> None:
         "\n\n".join(tables),
         NOTES,
     )
+
+
+def plot(settings: list[tuple[Setting, Results]]) -> None:
+    """The latency-sensitive class's attainment per step, one panel per setting (``out/paper/fig8.png``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4), sharey=True)
+    for axis, (setting, results) in zip(axes, settings, strict=True):
+        policies = [p for p in STEP_POLICIES if p in results[MIXES[0]]] or list(results[MIXES[0]])[:1]
+        for policy in policies:
+            for mix, style in zip(MIXES, ("-", "--", ":"), strict=True):
+                steps = per_step(results[mix][policy], setting.step_s).get("latency", {})
+                xs = sorted(steps)
+                shares = [steps[x][1] / steps[x][0] if steps[x][0] else float("nan") for x in xs]
+                label = f"{policy}, " + (f"{mix[0]} x {mix[1]}" if mix[0] else "alone")
+                axis.plot(xs, shares, linestyle=style, marker=".", label=label)
+        axis.set_title(f"Fig. 8, {setting.name} setting")
+        axis.set_xlabel(f"SLO step (x1.5 from {setting.start_factor:g}x the batch-1 time)")
+        axis.legend(fontsize=6)
+    axes[0].set_ylabel("latency-sensitive within SLO")
+    OUT.mkdir(parents=True, exist_ok=True)
+    fig.savefig(OUT / "fig8.png", dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from mainspring.transport.zmq_hub import WorkerHub
 log = logging.getLogger("mainspring.serve")
 
 RESTART_BACKOFF_S = (0.5, 30.0)  # first delay, longest delay
+EXITED, RESTARTED = "exited", "restarted"  # what ``LocalWorker.look`` saw
 
 
 @dataclass
@@ -80,6 +81,31 @@ class LocalWorker:
         if recent >= max_per_minute:
             delay = max(delay, 60.0 - (now - self.restarts[0]))
         return delay
+
+    def look(self, now: float, max_per_minute: int, env: Callable[[], dict[str, str]], label: str = "") -> str | None:
+        """One look at the process: ``EXITED`` when its exit is first seen (a restart is then due after
+        ``restart_delay``, or never), ``RESTARTED`` when it is started again, else None."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        what = f"{label}{self.name}"
+        if self.restart_at is None:
+            delay = self.restart_delay(now, max_per_minute)
+            if delay is None:
+                log.error("%s exited with code %s; not restarting it", what, code)
+                self.restart_at = float("inf")
+            else:
+                self.restart_at = now + delay
+                log.warning("%s exited with code %s; starting it again in %.1f s (%d restart(s) in the last "
+                            "minute)", what, code, delay, len(self.restarts))  # fmt: skip
+            return EXITED
+        if now < self.restart_at:
+            return None
+        self.restart_at = None
+        self.restarts.append(now)
+        self.process = subprocess.Popen(self.command, env=env())
+        log.info("%s started again (pid %d)", what, self.process.pid)
+        return RESTARTED
 
 
 @dataclass(frozen=True)
@@ -316,30 +342,15 @@ class Server:
         """Start again every local worker that exited, with backoff and a bound per minute."""
         while not self._stop.is_set():
             await asyncio.sleep(period_s)
+            if self._stop.is_set():  # set while this slept: the processes are ending on purpose
+                return
             now = time.monotonic()
-            for worker in self._local + self._frontends:
-                code = worker.process.poll()
-                if code is None or self._stop.is_set():
-                    continue
-                if worker.restart_at is None:
-                    delay = worker.restart_delay(now, self.config.max_restarts_per_minute)
-                    if delay is None:
-                        log.error("local worker %s exited with code %s; not restarting it", worker.name, code)
-                        worker.restart_at = float("inf")
-                        continue
-                    worker.restart_at = now + delay
-                    log.warning("local worker %s exited with code %s; starting it again in %.1f s "
-                                "(%d restart(s) in the last minute)", worker.name, code, delay,
-                                len(worker.restarts))  # fmt: skip
-                elif now >= worker.restart_at:
-                    worker.restart_at = None
-                    worker.restarts.append(now)
-                    frontend = worker in self._frontends
-                    env = self._frontend_env() if frontend else self._worker_env()
-                    worker.process = subprocess.Popen(worker.command, env=env)
-                    if not frontend:
-                        self.service.metrics.worker_restarts.inc()
-                    log.info("%s started again (pid %d)", worker.name, worker.process.pid)
+            limit = self.config.max_restarts_per_minute
+            for worker in self._local:
+                if worker.look(now, limit, self._worker_env, "local worker ") == RESTARTED:
+                    self.service.metrics.worker_restarts.inc()
+            for frontend in self._frontends:
+                frontend.look(now, limit, self._frontend_env)
 
     async def _wait_for_workers(self, count: int) -> None:
         deadline = asyncio.get_running_loop().time() + self.config.join_timeout_s

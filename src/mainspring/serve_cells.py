@@ -26,7 +26,7 @@ import msgspec
 
 from mainspring.frontend.cells_port import CellsPort
 from mainspring.frontend.process import TOKEN_ENV
-from mainspring.serve import CellRole, LocalWorker, run_server
+from mainspring.serve import EXITED, CellRole, LocalWorker, run_server
 from mainspring.serve_config import ServeConfig
 from mainspring.transport.security import SECRET_ENV
 
@@ -129,27 +129,14 @@ class Cells:
     async def _supervise(self, period_s: float = 0.2) -> None:
         """A cell that exits is started again, with a local worker's backoff and bound per minute (its
         workers join it again; its models are served by the other cells meanwhile)."""
-        while not self._stopping:
+        while True:
             await asyncio.sleep(period_s)
+            if self._stopping:  # set by ``stop`` while this slept: its cells are ending on purpose
+                return
             now = time.monotonic()
-            for cell in self._processes:
-                code = cell.process.poll()
-                if code is None or self._stopping:
-                    continue
-                if cell.restart_at is None:
-                    self._port.dead(self._processes.index(cell), f"its process exited with code {code}")
-                    delay = cell.restart_delay(now, self.config.max_restarts_per_minute)
-                    if delay is None:
-                        log.error("%s exited with code %s; not restarting it", cell.name, code)
-                        cell.restart_at = float("inf")
-                        continue
-                    cell.restart_at = now + delay
-                    log.warning("%s exited with code %s; starting it again in %.1f s", cell.name, code, delay)
-                elif now >= cell.restart_at:
-                    cell.restart_at = None
-                    cell.restarts.append(now)
-                    cell.process = subprocess.Popen(cell.command, env=self._env())
-                    log.info("%s started again (pid %d)", cell.name, cell.process.pid)
+            for index, cell in enumerate(self._processes):
+                if cell.look(now, self.config.max_restarts_per_minute, self._env) == EXITED:
+                    self._port.dead(index, f"its process exited with code {cell.process.returncode}")
 
     async def stop(self) -> None:
         self._stopping = True

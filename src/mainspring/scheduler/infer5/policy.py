@@ -58,6 +58,7 @@ class Infer5Scheduler(Infer4Scheduler):
         self.max_batch = max_batch
         self._size_queues: dict[str, dict[int, deque[_Queued]]] = {}
         self._waiting: set[str] = set()  # models with requests queued (some may have emptied since)
+        self._waiting_now: list[str] = []  # this pass's, in name order (``schedule``)
         super().__init__(profiles, devices, rng, default_slo_ns, deadline_margin_ns)
 
     # --- requests ------------------------------------------------------------------------
@@ -99,6 +100,12 @@ class Infer5Scheduler(Infer4Scheduler):
         super().remove_model(model, now_ns)
 
     # --- inference -------------------------------------------------------------------------
+    def schedule(self, now_ns: int) -> Decisions:
+        """INFER4's pass, with the models that have requests worked out once for it (none arrive
+        during a pass; one that empties has no strategy)."""
+        self._waiting_now = self._waiting_models()
+        return super().schedule(now_ns)
+
     def _schedule_infers(self, device: _Device, now_ns: int, decisions: Decisions) -> None:
         """As the source's infer threads call ``schedule_infer`` again and again: one batch per call, while
         the lane frees within the schedule-ahead."""
@@ -108,7 +115,7 @@ class Infer5Scheduler(Infer4Scheduler):
 
     def _schedule_one(self, device: _Device, now_ns: int, decisions: Decisions) -> bool:
         free_at = max(now_ns + FUTURE_NS, device.exec_lane.free_ns)
-        names = [name for name in self._waiting_models() if name in device.loaded]
+        names = [name for name in self._waiting_now if name in device.loaded]
         heap = [s for name in names for s in self._strategies(device, name, self.max_batch, 0)]
         heapq.heapify(heap)
         version = dict.fromkeys(names, 0)
@@ -185,7 +192,7 @@ class Infer5Scheduler(Infer4Scheduler):
         or timeout, each of which is a pass of its own."""
         wakeup = super()._next_wakeup(now_ns)
         best = NEVER if wakeup is None else wakeup
-        waiting = self._waiting_models()
+        waiting = self._waiting_models()  # after the pass: some emptied
         for device in self.devices.values():
             due = device.exec_lane.free_ns - self.schedule_ahead_ns + 1
             if due > now_ns and any(name in device.loaded for name in waiting):

@@ -241,7 +241,7 @@ class BatchPlanner:
                 return Choice(head.deadline_ns - start_ns - padded_ns, model, start_ns, count, padded, head.deadline_ns)
         return None
 
-    def _batch_within_head(self, device: DeviceState, model: str, start_ns: int, finish_by_ns: int) -> Choice | None:
+    def batch_within_head(self, device: DeviceState, model: str, start_ns: int, finish_by_ns: int) -> Choice | None:
         """``_batch_within`` for ``model``'s queue and its head."""
         queue = self._queues[model]
         head = queue.head()
@@ -300,8 +300,8 @@ class BatchPlanner:
         if self.config.lookahead_within_share and self._admission.over_share(urgent.model, device, now_ns):
             return chosen  # lookahead protects models within their share, not one over-share model from another
         finish_by = min(urgent.deadline_ns, chosen.deadline_ns - chosen_ns)
-        first = self._batch_within_head(device, urgent.model, urgent.start_ns, finish_by)
+        first = self.batch_within_head(device, urgent.model, urgent.start_ns, finish_by)
         if first is not None:
             return first
-        smaller = self._batch_within_head(device, chosen.model, chosen.start_ns, urgent_latest_start)
+        smaller = self.batch_within_head(device, chosen.model, chosen.start_ns, urgent_latest_start)
         return smaller if smaller is not None and smaller.deadline_ns >= chosen.deadline_ns else chosen

@@ -78,7 +78,13 @@ class ClockworkConfig:
     arrival rate expects at least one within the lane time the extra request would save (a padded place
     filled for nothing, or one batch instead of two); never past what the head's deadline allows
     (None: never wait, as Clockwork). The wait pays in expectation only from that rate up
-    (``docs/scheduler.md``, "Waiting for one more request")."""
+    (``docs/scheduler.md``, "Waiting for one more request").
+    ``guard_tight``: keep devices responsive for models whose SLO a looser model's batch would break
+    (``guard.py``; off: every device runs the least-slack batch whole, as Clockwork).
+    ``guard_utilization``: the share of a responsive device the tight models' recent work may fill;
+    it sets how many devices stay responsive.
+    ``guard_room``: how many batch-1 inferences of a tight model a looser batch on a responsive
+    device leaves room for before the tight model's deadline."""
 
     horizon_ms: float = 5.0
     window_slack_ms: float | None = None
@@ -112,6 +118,9 @@ class ClockworkConfig:
     evict_by_popularity: bool = True
     popularity_memory_ms: float = 10_000.0
     gather_max_ms: float | None = 10.0
+    guard_tight: bool = True
+    guard_utilization: float = 0.5
+    guard_room: int = 2
 
     def __post_init__(self) -> None:
         problems = []
@@ -143,6 +152,10 @@ class ClockworkConfig:
             problems.append(f"replication_check_ms={self.replication_check_ms} must not be negative")
         if not 0 < self.max_batch_slo_fraction <= 1:
             problems.append(f"max_batch_slo_fraction={self.max_batch_slo_fraction} must lie in (0, 1]")
+        if not 0 < self.guard_utilization <= 1:
+            problems.append(f"guard_utilization={self.guard_utilization} must lie in (0, 1]")
+        if self.guard_room < 1:
+            problems.append(f"guard_room={self.guard_room} must be at least 1")
         if self.max_batch_size < 1:
             problems.append(f"max_batch_size={self.max_batch_size} must be at least 1")
         if problems:

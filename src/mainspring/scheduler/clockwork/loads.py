@@ -25,6 +25,7 @@ from collections.abc import Callable
 from mainspring.scheduler.base import Decisions
 from mainspring.scheduler.clockwork.admission import Admission
 from mainspring.scheduler.clockwork.config import ClockworkConfig
+from mainspring.scheduler.clockwork.guard import TightGuard
 from mainspring.scheduler.clockwork.queues import RequestQueues
 from mainspring.scheduler.clockwork.residency import Residency
 from mainspring.scheduler.clockwork.shapes import BatchShapes
@@ -61,8 +62,10 @@ class LoadPlanner:
         shapes: BatchShapes,
         admission: Admission,
         pages: PageCount,
+        guard: TightGuard | None = None,
     ) -> None:
         self.config = config
+        self._guard = guard
         self._residency = residency
         self._queues = queues
         self._shapes = shapes
@@ -85,7 +88,7 @@ class LoadPlanner:
 
     @property
     def wanted(self) -> bool:
-        return bool(self._queues or self.turned_away)
+        return bool(self._queues or self.turned_away or (self._guard is not None and self._guard.guarding))
 
     def plan(self, now_ns: int, decisions: Decisions, issue: LoadIssuer) -> None:
         """On every device whose load lane frees within the horizon, load the model most in need."""
@@ -93,14 +96,39 @@ class LoadPlanner:
         due = self._residency.load_due
         if not due.any_due(limit):
             return
+        homeless = [] if self._guard is None else self._guard.homeless(now_ns)
         tiers, device_load = self._candidates(now_ns, lambda: due.due(limit))
-        if not any(entries for _, entries in tiers):
+        if not homeless and not any(entries for _, entries in tiers):
             return  # the common pass: nothing to load, and the free devices never listed
         free = due.due(limit)
         free.sort(key=lambda d: d.load_lane.free_ns)
         issued: dict[Tier, set[str]] = {}  # per tier, the models loaded this pass (a model may stand in two tiers)
         for device in free:
+            if homeless and self._guard_home(device, homeless, now_ns, decisions, issue):
+                continue
             self._load_one(device, tiers, issued, device_load, now_ns, decisions, issue)
+
+    def _guard_home(
+        self,
+        device: DeviceState,
+        homeless: list[tuple[str, frozenset[int]]],
+        now_ns: int,
+        decisions: Decisions,
+        issue: LoadIssuer,
+    ) -> bool:
+        """Load on ``device``, if it is a responsive device without one, a tight model (``TightGuard``):
+        ahead of every tier, as each tight request that finds no responsive holder may wait behind a
+        full batch. Evicts only models without queued requests."""
+        for i, (model, missing) in enumerate(homeless):
+            if device.spec.device not in missing or device.holds(model):
+                continue
+            victims = self.eviction_victims(device, model, idle_only=True, now_ns=now_ns)
+            if victims is None:
+                continue
+            issue(device, model, victims, now_ns, decisions)
+            homeless[i] = (model, missing - {device.spec.device})
+            return True
+        return False
 
     def _load_one(
         self,

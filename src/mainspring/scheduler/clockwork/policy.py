@@ -35,6 +35,7 @@ from mainspring.scheduler.clockwork.batching import BatchPlanner, Choice
 from mainspring.scheduler.clockwork.config import ClockworkConfig
 from mainspring.scheduler.clockwork.due import always
 from mainspring.scheduler.clockwork.estimator import STALE_FACTOR, Estimator
+from mainspring.scheduler.clockwork.guard import TightGuard
 from mainspring.scheduler.clockwork.loads import LoadPlanner
 from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
 from mainspring.scheduler.clockwork.residency import Residency
@@ -83,10 +84,22 @@ class ClockworkScheduler(PolicyBookkeeping):
         self.residency = Residency(list(devices), ms_to_ns(config.rate_memory_ms))
         self.queues = RequestQueues()
         self.admission = Admission(config, self.residency, self.queues, self.judged, self._idle_victims)
-        self.loads = LoadPlanner(config, self.residency, self.queues, self.shapes, self.admission, self._pages_on)
         self.horizon_ns = config.horizon_ns
         self._slack_ns = config.window_slack_ns
         self._margin_ns = config.deadline_margin_ns
+        self.guard: TightGuard | None = None
+        if config.guard_tight:
+            self.guard = TightGuard(
+                self.residency,
+                self.shapes,
+                self.admission,
+                self._margin_ns,
+                config.guard_utilization,
+                config.guard_room,
+            )
+        self.loads = LoadPlanner(
+            config, self.residency, self.queues, self.shapes, self.admission, self._pages_on, self.guard
+        )
         self._in_flight: dict[int, _Flight] = {}
         self.batches = BatchPlanner(
             config, self.residency, self.queues, self.shapes, self.admission, self._feasible_head
@@ -114,6 +127,8 @@ class ClockworkScheduler(PolicyBookkeeping):
     def on_request(self, request: Request, now_ns: int) -> None:
         if self._refuse_unservable(request, (d.spec for d in self.residency.devices)):
             return
+        if self.guard is not None:
+            self.guard.saw(request.model, request.slo_ns)
         if self._margin_ns:  # from here on its deadline is when its result must be ready: computed once
             request = replace(request, deadline_ns=request.deadline_ns - self._margin_ns)
         self.estimator.expire(now_ns)
@@ -218,6 +233,8 @@ class ClockworkScheduler(PolicyBookkeeping):
             self.residency.release(device, model, self._pages_on(model, device))
         for part in (self.loads, self.admission, self.shapes, self.judged, self.estimator):  # judged may be shapes
             part.forget(model)
+        if self.guard is not None:
+            self.guard.forget(model)
         self._measured_ns.pop(model, None)
         self._forget_model(model)
 
@@ -279,7 +296,25 @@ class ClockworkScheduler(PolicyBookkeeping):
                 if gather_until is not None:
                     self._gather_until = min(self._gather_until, gather_until)
                     return
+            if self.guard is not None:
+                guarded = self._guarded(device, chosen, now_ns)
+                if guarded is None:
+                    return
+                chosen = guarded
             self._issue_infer(device, chosen, now_ns, decisions)
+
+    def _guarded(self, device: DeviceState, chosen: Choice, now_ns: int) -> Choice | None:
+        """``chosen`` cut to what ``TightGuard`` allows on ``device`` (None: run nothing yet, and wake
+        when a batch-1 inference of it would be allowed)."""
+        assert self.guard is not None
+        cap = self.guard.cap_ns(device, chosen.model, chosen.start_ns, now_ns)
+        if cap is None or chosen.exec_ns <= cap:
+            return chosen
+        single = self.shapes.fastest_ns(chosen.model, device.kind)
+        if cap < single:
+            self._gather_until = min(self._gather_until, now_ns + single - cap)
+            return None
+        return self.batches.batch_within_head(device, chosen.model, chosen.start_ns, chosen.start_ns + cap)
 
     def _feasible_head(self, queue: ModelQueue, now_ns: int) -> Request | None:
         """The most urgent request that some holder can still serve; rejects the ones none can."""

@@ -1,0 +1,174 @@
+"""Classes of work: keep enough devices responsive for models whose SLO a looser model's batch would break.
+
+Non-preemptive devices let a long batch of a model with a loose SLO (a batch client: 16 requests,
+22 ms) delay a request of a model with a tight one (a 3.3 ms inference due in 11 ms) past its
+deadline. Capping the loose batches everywhere protects the tight class but costs the batch work
+most of its throughput; capping them nowhere hands every device to the batches. The guard takes
+the middle: the tight class's recent work (arrival rate times its batch-1 time) at
+``guard_utilization`` sets how many devices stay *responsive*; the tight models are held on every
+one of them, and there a looser model's batch is cut so that ``guard_room`` tight batch-1
+inferences arriving as it is planned still meet their deadline after it (and after what is booked
+before it). The other devices run full batches. A tight model whose SLO even one request of the
+looser model would break is past protecting and is not guarded.
+
+A model is *tight* when an active model of a looser class (an SLO at least ``CLASS_RATIO`` times
+its own) has a largest batch longer than what the tight one can wait: with one SLO for everything
+(most traces) the guard does nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from mainspring.scheduler.clockwork.admission import Admission
+from mainspring.scheduler.clockwork.residency import Residency
+from mainspring.scheduler.clockwork.shapes import BatchShapes
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.time import NS_PER_S, ms_to_ns
+
+REFRESH_NS = ms_to_ns(50)  # rates decay over a second: a plan a few tens of ms old is as good
+ACTIVE_PER_NS = 1.0 / NS_PER_S  # a model counts while its recent arrivals exceed one a second
+CLASS_RATIO = 2  # SLOs within this factor are one class: an SLO sweep's step or a client's variation is not two
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPlan:
+    """``tight``: per tight model, (what its deadline leaves after its own batch-1 inference, how long
+    a looser batch may run ahead of its request leaving room for ``guard_room`` of them), before what
+    is booked (ns); ``responsive``: the devices where the looser batches are cut."""
+
+    tight: dict[str, tuple[int, int]]
+    responsive: frozenset[int]
+    slo_ns: dict[str, int]  # of the tight models
+
+
+NO_PLAN = GuardPlan({}, frozenset(), {})
+
+
+class TightGuard:
+    """Which models are tight, which devices stay responsive for them, and the cap on a batch there."""
+
+    def __init__(
+        self,
+        residency: Residency,
+        shapes: BatchShapes,
+        admission: Admission,
+        margin_ns: int,
+        utilization: float,
+        room: int,
+    ) -> None:
+        self._residency = residency
+        self._shapes = shapes
+        self._admission = admission
+        self._margin_ns = margin_ns
+        self._utilization = utilization
+        self._room = room
+        self._slo_of: dict[str, int] = {}
+        self._slos = Counter[int]()  # models per SLO: one SLO for all (the common case) is one check
+        self._plan = NO_PLAN
+        self._planned_ns = -REFRESH_NS
+
+    def saw(self, model: str, slo_ns: int) -> None:
+        """A request of ``model`` arrived with ``slo_ns``."""
+        old = self._slo_of.get(model)
+        if old == slo_ns:
+            return
+        if old is not None:
+            self._slos[old] -= 1
+            if not self._slos[old]:
+                del self._slos[old]
+        self._slo_of[model] = slo_ns
+        self._slos[slo_ns] += 1
+
+    def forget(self, model: str) -> None:
+        old = self._slo_of.pop(model, None)
+        if old is not None:
+            self._slos[old] -= 1
+            if not self._slos[old]:
+                del self._slos[old]
+
+    def plan(self, now_ns: int) -> GuardPlan:
+        """The current plan, worked out afresh every ``REFRESH_NS``."""
+        if len(self._slos) < 2:
+            self._plan = NO_PLAN
+        elif now_ns - self._planned_ns >= REFRESH_NS:
+            self._planned_ns = now_ns
+            self._plan = self._work_out(now_ns)
+        return self._plan
+
+    @property
+    def guarding(self) -> bool:
+        """Whether the last plan has tight models."""
+        return bool(self._plan.tight)
+
+    def cap_ns(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> int | None:
+        """How long a batch of ``model`` starting at ``start_ns`` on ``device`` may run (None: any)."""
+        plan = self.plan(now_ns)
+        if device.spec.device not in plan.responsive:
+            return None
+        own_slo = self._slo_of.get(model, 0)
+        single = self._shapes.fastest_ns(model, device.kind)
+        cap: int | None = None
+        for tight, (slack_ns, wait_ns) in plan.tight.items():
+            if own_slo < CLASS_RATIO * plan.slo_ns[tight] or tight not in device.ready_ns:
+                continue
+            if slack_ns < single:
+                continue  # even one request of ``model`` would break it: past protecting
+            cap = max(wait_ns, single) if cap is None else min(cap, max(wait_ns, single))
+        if cap is None:
+            return None
+        return cap - max(0, start_ns - now_ns)  # a tight request arriving now waits for what is booked, too
+
+    def homeless(self, now_ns: int) -> list[tuple[str, frozenset[int]]]:
+        """Tight models, with the responsive devices that do not hold them yet."""
+        plan = self.plan(now_ns)
+        holders = self._residency.holders
+        wanted = []
+        for model in sorted(plan.tight):
+            missing = plan.responsive - holders.get(model, set())
+            if missing:
+                wanted.append((model, frozenset(missing)))
+        return wanted
+
+    def _work_out(self, now_ns: int) -> GuardPlan:
+        rate = self._admission.arrivals_per_ns
+        active = {m: slo for m, slo in self._slo_of.items() if rate(m, now_ns) > ACTIVE_PER_NS}
+        if len(set(active.values())) < 2:
+            return NO_PLAN
+        kind = self._residency.kinds[0]
+        fastest = self._shapes.fastest_ns
+        by_slo = sorted(active.items(), key=lambda item: (-item[1], item[0]))
+        longest_so_far, longest = 0, []  # the longest batch among models with at least this SLO
+        for model, _ in by_slo:
+            longest_so_far = max(longest_so_far, self._longest_ns(model, kind))
+            longest.append(longest_so_far)
+        descending = [-slo for _, slo in by_slo]
+        tight: dict[str, tuple[int, int]] = {}
+        for model, slo in by_slo:
+            looser = bisect.bisect_right(descending, -CLASS_RATIO * slo)  # models of a looser class
+            if not looser:
+                continue
+            single = fastest(model, kind)
+            slack = slo - self._margin_ns - single
+            wait = slack - (self._room - 1) * single
+            if slack > 0 and longest[looser - 1] > wait:
+                tight[model] = (slack, wait)
+        if not tight:
+            return NO_PLAN
+        work = sum(rate(m, now_ns) * fastest(m, kind) for m in tight)
+        devices = self._residency.devices
+        count = min(len(devices), max(1, math.ceil(work / self._utilization)))
+        previous = self._plan.responsive
+
+        def rank(device: DeviceState) -> tuple[bool, int, int]:  # the same devices stay, then those holding most
+            held = sum(1 for m in tight if m in device.ready_ns)
+            return (device.spec.device not in previous, -held, device.spec.device)
+
+        responsive = frozenset(d.spec.device for d in sorted(devices, key=rank)[:count])
+        return GuardPlan(tight, responsive, {m: active[m] for m in tight})
+
+    def _longest_ns(self, model: str, kind: str) -> int:
+        return self._shapes.exec_ns(model, self._shapes.sizes(model)[-1], kind)

@@ -115,9 +115,10 @@ class TightGuard:
         for tight, (slack_ns, wait_ns) in plan.tight.items():
             if own_slo < CLASS_RATIO * plan.slo_ns[tight] or tight not in device.ready_ns:
                 continue
-            if slack_ns < single:
-                continue  # even one request of ``model`` would break it: past protecting
-            cap = max(wait_ns, single) if cap is None else min(cap, max(wait_ns, single))
+            # Room for ``guard_room`` tight inferences if a batch-1 fits so, else for one; a model
+            # whose batch-1 leaves no room at all does not run here (the other devices take it).
+            allowed = wait_ns if wait_ns >= single or slack_ns < single else single
+            cap = allowed if cap is None else min(cap, allowed)
         if cap is None:
             return None
         return cap - max(0, start_ns - now_ns)  # a tight request arriving now waits for what is booked, too

@@ -304,15 +304,16 @@ class ClockworkScheduler(PolicyBookkeeping):
             self._issue_infer(device, chosen, now_ns, decisions)
 
     def _guarded(self, device: DeviceState, chosen: Choice, now_ns: int) -> Choice | None:
-        """``chosen`` cut to what ``TightGuard`` allows on ``device`` (None: run nothing yet, and wake
-        when a batch-1 inference of it would be allowed)."""
+        """``chosen`` cut to what ``TightGuard`` allows on ``device`` (None: run nothing yet; if the
+        lane's booking is what stops it, wake when a batch-1 inference would fit)."""
         assert self.guard is not None
         cap = self.guard.cap_ns(device, chosen.model, chosen.start_ns, now_ns)
         if cap is None or chosen.exec_ns <= cap:
             return chosen
         single = self.shapes.fastest_ns(chosen.model, device.kind)
         if cap < single:
-            self._gather_until = min(self._gather_until, now_ns + single - cap)
+            if cap + max(0, chosen.start_ns - now_ns) >= single:
+                self._gather_until = min(self._gather_until, now_ns + single - cap)
             return None
         return self.batches.batch_within_head(device, chosen.model, chosen.start_ns, chosen.start_ns + cap)
 

@@ -8,20 +8,28 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mainspring.models.profile import ModelProfile, builtin_profiles, model_copies
+from mainspring.scheduler.registry import parse_policies
 from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
-from mainspring.workload import Workload
+from mainspring.workload import Arrival, Workload
 
-POLICIES = ("clockwork", "infer4", "triton", "clipper")
+# INFER5 is the authors' scheduler for Figs. 5-8 and 11 (``infer5-5ms``: their schedule-ahead of 5 ms
+# for Figs. 7, 8 and 11), INFER4 for Figs. 9-10.
+POLICIES = ("clockwork", "infer5", "infer4", "triton", "clipper")
+# Clockwork with a setting changed, run beside the policies under its own name.
+VARIANTS: Mapping[str, tuple[str, Mapping[str, object]]] = {
+    "clockwork-noguard": ("clockwork", {"guard_tight": False}),  # every device runs whole batches
+}
 OUT = Path(os.environ.get("MAINSPRING_PAPER_OUT", "out/paper"))
 
 
-def parser(doc: str) -> argparse.ArgumentParser:
+def parser(doc: str, policies: Sequence[str] = POLICIES) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    p.add_argument("--policy", default=",".join(POLICIES))
+    p.add_argument("--policy", default=",".join(policies))
     p.add_argument("--quick", action="store_true", help="a few seconds per run (a smoke test, not the figure)")
     return p
 
@@ -35,12 +43,44 @@ def resnet50_copies(count: int) -> list[ModelProfile]:
     return copies("resnet50_v2", count)
 
 
+def policies_from(text: str) -> list[str]:
+    """Policy names and ``VARIANTS``, checked."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    parse_policies(",".join(n for n in names if n not in VARIANTS) or "clockwork")
+    return names
+
+
+def run_policy(
+    name: str, models: Sequence[ModelProfile], workload: Workload, config: SimulationConfig, arrivals: Iterable[Arrival]
+) -> SimulationResult:
+    policy, settings = VARIANTS.get(name, (name, {}))
+    return simulate(policy, list(models), workload, config, arrivals, settings=settings or None)
+
+
 def side_by_side(
     policies: Sequence[str], models: Sequence[ModelProfile], workload: Workload, config: SimulationConfig
 ) -> dict[str, SimulationResult]:
     """Every policy on the identical arrival sequence."""
     arrivals = generate_arrivals(workload, list(models), config)
-    return {p: simulate(p, list(models), workload, config, arrivals) for p in policies}
+    return {p: run_policy(p, models, workload, config, arrivals) for p in policies}
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_plot(fig: Any, name: str) -> None:
+    """``out/paper/<name>.png``."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(OUT / f"{name}.png", dpi=100)
+    pyplot().close(fig)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

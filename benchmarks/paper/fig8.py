@@ -16,10 +16,18 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from common import OUT, markdown_table, parser, resnet50_copies, side_by_side, write_section
+from common import (
+    markdown_table,
+    parser,
+    policies_from,
+    pyplot,
+    resnet50_copies,
+    save_plot,
+    side_by_side,
+    write_section,
+)
 
 from mainspring.models.profile import ModelProfile
-from mainspring.scheduler.registry import parse_policies
 from mainspring.sim.run import SimulationConfig, SimulationResult
 from mainspring.time import ms_to_ns, ns_to_ms, s_to_ns
 from mainspring.workload import ClosedLoop, Composition, FixedRate, Part, SloSweep, Workload
@@ -46,7 +54,9 @@ jitter; ours start at once and back off 10 ms after a rejection. Their steps are
 run about 6 minutes; ours `--step-s` (5 s). The paper gives no table for this figure: its plot shows
 the latency-sensitive models unaffected by batch clients, which neither policy reproduces at the
 tightest steps."""
-STEP_POLICIES = ("clockwork", "infer4")  # the per-step tables: ours and the faithful reference
+# The per-step tables: ours, ours without the tight-class guard, and the authors' scheduler.
+STEP_POLICIES = ("clockwork", "clockwork-noguard", "infer5-5ms")
+POLICIES = ("clockwork", "clockwork-noguard", "infer5-5ms", "infer4", "triton", "clipper")
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,7 @@ class Setting:
 
 
 Results = dict[tuple[int, int], dict[str, SimulationResult]]  # per mix of batch clients, per policy
+BATCH_ONLY = "batch only"  # the policy key of a mix's run without the latency-sensitive class (clockwork)
 
 
 def run(setting: Setting, policies: tuple[str, ...], models: list[ModelProfile]) -> Results:
@@ -79,6 +90,9 @@ def run(setting: Setting, policies: tuple[str, ...], models: list[ModelProfile])
                               slo_ns=setting.batch_slo_ns))  # fmt: skip
         config = SimulationConfig(duration_ns=s_to_ns(setting.step_s * setting.steps), devices=6, seed=1)
         results[(clients, outstanding)] = side_by_side(policies, models, Composition(parts), config)
+        if clients:
+            alone = side_by_side(["clockwork"], models, Composition(parts[1:]), config)["clockwork"]
+            results[(clients, outstanding)][BATCH_ONLY] = alone
     return results
 
 
@@ -100,13 +114,28 @@ def bound(profile: ModelProfile, slo_ns: int) -> str:
     return f"{max(fitting)}" if fitting else "none"
 
 
-def step_table(setting: Setting, results: Results, profile: ModelProfile) -> str:
+def busy_share(result: SimulationResult, step_s: float, devices: int = 6) -> dict[int, float]:
+    """Per step, the share of the devices' time spent on inference."""
+    busy: dict[int, int] = defaultdict(int)
+    for action in result.recorder.actions:
+        if action.kind == "infer" and action.begin_ns >= 0:
+            busy[action.begin_ns // s_to_ns(step_s)] += action.end_ns - action.begin_ns
+    return {step: ns / (devices * s_to_ns(step_s)) for step, ns in busy.items()}
+
+
+def step_tables(setting: Setting, results: Results, profile: ModelProfile) -> tuple[str, str]:
+    """Per step: the latency-sensitive class's attainment per policy and mix; then the batch goodput per
+    policy and mix beside the capacity the devices have left (the batch clients' goodput with the devices
+    to themselves, times the share of the devices the class alone leaves idle)."""
     policies = [p for p in STEP_POLICIES if p in results[MIXES[0]]] or list(results[MIXES[0]])[:1]
-    header = ["step", "SLO", "bound"]
-    header += [f"{p} {mix}" for p in policies for mix in ("alone", "12 x 16", "48 x 4")]
-    header += [f"{p} batch r/s {mix}" for p in policies for mix in ("12 x 16", "48 x 4")]
     steps = {key: {p: per_step(r, setting.step_s) for p, r in by_policy.items()} for key, by_policy in results.items()}
-    rows = []
+    reference = "clockwork" if "clockwork" in results[MIXES[0]] else policies[0]
+    idle = busy_share(results[MIXES[0]][reference], setting.step_s)
+    header = ["step", "SLO", "bound"] + [f"{p} {mix}" for p in policies for mix in ("alone", "12 x 16", "48 x 4")]
+    batch_header = ["step"]
+    for mix in MIXES[1:]:
+        batch_header += [f"capacity left {mix[0]} x {mix[1]}"] + [f"{p} {mix[0]} x {mix[1]}" for p in policies]
+    rows, batch_rows = [], []
     for step in range(setting.steps):
         factor = min(100.0, setting.start_factor * 1.5**step)
         slo = profile.slo_ns_for_factor(factor)
@@ -115,18 +144,26 @@ def step_table(setting: Setting, results: Results, profile: ModelProfile) -> str
             for mix in MIXES:
                 n, good = steps[mix][policy].get("latency", {}).get(step, (0, 0))
                 row.append(f"{good / n:.2%}" if n else "-")
-        for policy in policies:
-            for mix in MIXES[1:]:
-                _, good = steps[mix][policy].get("batch", {}).get(step, (0, 0))
-                row.append(f"{good / setting.step_s:.0f}")
         rows.append(row)
-    return markdown_table(header, rows)
+        batch_row: list[object] = [step]
+        for mix in MIXES[1:]:
+            _, alone_good = steps[mix][BATCH_ONLY].get("batch", {}).get(step, (0, 0))
+            capacity = alone_good / setting.step_s * max(0.0, 1.0 - idle.get(step, 0.0))
+            batch_row.append(f"{capacity:.0f}")
+            for policy in policies:
+                _, good = steps[mix][policy].get("batch", {}).get(step, (0, 0))
+                rps = good / setting.step_s
+                batch_row.append(f"{rps:.0f} ({rps / capacity:.0%})" if capacity else f"{rps:.0f}")
+        batch_rows.append(batch_row)
+    return markdown_table(header, rows), markdown_table(batch_header, batch_rows)
 
 
 def totals_table(results: Results) -> str:
     rows = []
     for (clients, outstanding), by_policy in results.items():
         for policy, r in by_policy.items():
+            if policy == BATCH_ONLY:
+                continue
             by_label = r.report.by_label
             batch = by_label.get("batch")
             rows.append([
@@ -142,11 +179,11 @@ def totals_table(results: Results) -> str:
 
 
 def main() -> None:
-    p = parser(__doc__)
+    p = parser(__doc__, POLICIES)
     p.add_argument("--duration-s", type=float, default=60.0, help="our setting: 10 steps over this long")
     p.add_argument("--step-s", type=float, default=5.0, help="the authors' setting: each step (theirs: 30 s)")
     args = p.parse_args()
-    policies = tuple(parse_policies(args.policy))
+    policies = tuple(policies_from(args.policy))
     duration = 5.0 if args.quick else args.duration_s
     step_s = 0.5 if args.quick else args.step_s
     models = resnet50_copies(6 + 48)
@@ -155,13 +192,18 @@ def main() -> None:
     ours_results = run(ours, policies, models)
     step_policies = tuple(p for p in policies if p in STEP_POLICIES) or policies[:1]
     authors_results = run(authors, step_policies, models)
+    ours_steps, ours_batch = step_tables(ours, ours_results, models[0])
+    authors_steps, authors_batch = step_tables(authors, authors_results, models[0])
     tables = [
         totals_table(ours_results),
-        f"Per step, ours ({ours.describe()}; attainment of the latency-sensitive class, then the batch "
-        "class's goodput):",
-        step_table(ours, ours_results, models[0]),
+        f"Per step, ours ({ours.describe()}): the latency-sensitive class's attainment,",
+        ours_steps,
+        "and the batch goodput (r/s; share of the capacity left):",
+        ours_batch,
         f"Per step, the authors' setting ({authors.describe()}; their steps are 30 s):",
-        step_table(authors, authors_results, models[0]),
+        authors_steps,
+        "and the batch goodput (r/s; share of the capacity left):",
+        authors_batch,
     ]
     plot([(ours, ours_results), (authors, authors_results)])
     write_section(
@@ -178,11 +220,7 @@ def main() -> None:
 
 def plot(settings: list[tuple[Setting, Results]]) -> None:
     """The latency-sensitive class's attainment per step, one panel per setting (``out/paper/fig8.png``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4), sharey=True)
     for axis, (setting, results) in zip(axes, settings, strict=True):
         policies = [p for p in STEP_POLICIES if p in results[MIXES[0]]] or list(results[MIXES[0]])[:1]
@@ -197,9 +235,7 @@ def plot(settings: list[tuple[Setting, Results]]) -> None:
         axis.set_xlabel(f"SLO step (x1.5 from {setting.start_factor:g}x the batch-1 time)")
         axis.legend(fontsize=6)
     axes[0].set_ylabel("latency-sensitive within SLO")
-    OUT.mkdir(parents=True, exist_ok=True)
-    fig.savefig(OUT / "fig8.png", dpi=100)
-    plt.close(fig)
+    save_plot(fig, "fig8")
 
 
 if __name__ == "__main__":

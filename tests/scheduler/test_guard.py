@@ -103,3 +103,31 @@ def test_batch_clients_no_longer_take_the_tight_class_down() -> None:
         guarded, batch_rps, _ = measured(fig8_short(clients, outstanding, guard=True))
         assert guarded >= 0.995
         assert batch_rps >= 0.8 * capacity_left  # the devices the tight class does not need run full batches
+
+
+def test_removing_a_tight_model_while_guarding_plans_on() -> None:
+    policy = planned({"tight": 12, "mid": 40, "batch": 86_400_000})
+    policy.schedule(NS_PER_S)  # loads, the guard's among them
+    policy.remove_model("tight", NS_PER_S)
+    policy.schedule(NS_PER_S + NS_PER_MS)  # the plan must not name the removed model
+    assert policy.guard is not None
+    assert "tight" not in policy.guard.plan(NS_PER_S + NS_PER_MS).tight
+
+
+def test_a_looser_model_with_nowhere_else_to_run_is_not_starved() -> None:
+    """One device, so it is the responsive one; the batch model's batch-1 (6 ms) alone outlasts what
+    the tight model can wait (2 ms): it still runs there, in batches of one."""
+    models = [
+        profile("tight", exec_ms={1: 2.0, 2: 3.0}),
+        profile("batch", exec_ms={1: 6.0, 2: 9.0, 4: 14.0, 8: 24.0}),
+    ]
+    parts = [
+        Part("latency", PoissonOpenLoop(50), ("tight",), slo_ns=4 * NS_PER_MS),
+        Part("batch", ClosedLoop(1, 8), ("batch",), slo_ns=s_to_ns(86_400)),
+    ]
+    config = SimulationConfig(duration_ns=2 * NS_PER_S, devices=1, pool_bytes=64 * PAGE, page_bytes=PAGE, seed=3)
+    workload = Composition(parts)
+    result = simulate("clockwork", models, workload, config, generate_arrivals(workload, models, config))
+    check_invariants(result)
+    served = [row for row in result.recorder.requests if row.model == "batch" and row.good]
+    assert len(served) > 50

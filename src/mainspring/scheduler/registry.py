@@ -14,6 +14,7 @@ from mainspring.scheduler.baselines.triton import TritonScheduler
 from mainspring.scheduler.clockwork import ClockworkConfig, ClockworkScheduler
 from mainspring.scheduler.infer4 import Infer4Scheduler
 from mainspring.scheduler.infer5 import Infer5Scheduler
+from mainspring.time import NS_PER_MS
 
 # profiles, devices, seeded generator, deadline margin (ns: the result's trip back to the client)
 SchedulerFactory = Callable[[Mapping[str, ModelProfile], Sequence[DeviceSpec], random.Random, int], Scheduler]
@@ -44,6 +45,10 @@ _FACTORIES: dict[str, SchedulerFactory] = {
     # INFER5, the scheduler of the authors' Figs. 5-8 and 11: schedule-ahead 10 ms, batches of at most 8.
     "infer5": lambda profiles, devices, rng, margin_ns: Infer5Scheduler(
         profiles, devices, rng, deadline_margin_ns=margin_ns
+    ),
+    # The same with schedule-ahead 5 ms, as the authors ran it for Figs. 7, 8 and 11.
+    "infer5-5ms": lambda profiles, devices, rng, margin_ns: Infer5Scheduler(
+        profiles, devices, rng, deadline_margin_ns=margin_ns, schedule_ahead_ns=5 * NS_PER_MS
     ),
     "triton": lambda profiles, devices, rng, margin_ns: TritonScheduler(profiles, devices, ReactiveConfig()),
     "clipper": lambda profiles, devices, rng, margin_ns: ClipperScheduler(profiles, devices, ReactiveConfig()),

@@ -6,10 +6,11 @@ deadline. Capping the loose batches everywhere protects the tight class but cost
 most of its throughput; capping them nowhere hands every device to the batches. The guard takes
 the middle: the tight class's recent work (arrival rate times its batch-1 time) at
 ``guard_utilization`` sets how many devices stay *responsive*; the tight models are held on every
-one of them, and there a looser model's batch is cut so that ``guard_room`` tight batch-1
-inferences arriving as it is planned still meet their deadline after it (and after what is booked
-before it). The other devices run full batches. A tight model whose SLO even one request of the
-looser model would break is past protecting and is not guarded.
+one of them (``LoadPlanner``, ahead of its tiers, with at most half a device's pages), and there a
+looser model's batch is cut so that ``guard_room`` tight batch-1 inferences arriving as it is
+planned still meet their deadline after it (and after what is booked before it), or one where
+that leaves no batch. A looser model whose batch-1 alone would break a tight deadline does not
+run on a responsive device while another device holds it. The other devices run full batches.
 
 A model is *tight* when an active model of a looser class (an SLO at least ``CLASS_RATIO`` times
 its own) has a largest batch longer than what the tight one can wait: with one SLO for everything
@@ -84,16 +85,23 @@ class TightGuard:
         self._slos[slo_ns] += 1
 
     def forget(self, model: str) -> None:
+        """``model`` was removed."""
         old = self._slo_of.pop(model, None)
         if old is not None:
             self._slos[old] -= 1
             if not self._slos[old]:
                 del self._slos[old]
+        self.reset()
+
+    def reset(self) -> None:
+        """Work the plan out afresh at its next use (a model or a device came or went)."""
+        self._plan = NO_PLAN
+        self._planned_ns = -REFRESH_NS
 
     def plan(self, now_ns: int) -> GuardPlan:
         """The current plan, worked out afresh every ``REFRESH_NS``."""
-        if len(self._slos) < 2:
-            self._plan = NO_PLAN
+        if len(self._slos) < 2 or max(self._slos) < CLASS_RATIO * min(self._slos):
+            self._plan = NO_PLAN  # one class: the common case, a check of the SLOs' range
         elif now_ns - self._planned_ns >= REFRESH_NS:
             self._planned_ns = now_ns
             self._plan = self._work_out(now_ns)
@@ -116,12 +124,20 @@ class TightGuard:
             if own_slo < CLASS_RATIO * plan.slo_ns[tight] or tight not in device.ready_ns:
                 continue
             # Room for ``guard_room`` tight inferences if a batch-1 fits so, else for one; a model
-            # whose batch-1 leaves no room at all does not run here (the other devices take it).
-            allowed = wait_ns if wait_ns >= single or slack_ns < single else single
+            # whose batch-1 leaves no room at all does not run here while another device can take it.
+            if wait_ns >= single:
+                allowed = wait_ns
+            elif slack_ns >= single or not self._held_elsewhere(model, plan.responsive):
+                allowed = single
+            else:
+                allowed = wait_ns
             cap = allowed if cap is None else min(cap, allowed)
         if cap is None:
             return None
         return cap - max(0, start_ns - now_ns)  # a tight request arriving now waits for what is booked, too
+
+    def _held_elsewhere(self, model: str, responsive: frozenset[int]) -> bool:
+        return any(d not in responsive for d in self._residency.holders.get(model, ()))
 
     def homeless(self, now_ns: int) -> list[tuple[str, frozenset[int]]]:
         """Tight models, with the responsive devices that do not hold them yet."""
@@ -129,6 +145,8 @@ class TightGuard:
         holders = self._residency.holders
         wanted = []
         for model in sorted(plan.tight):
+            if model not in self._slo_of:
+                continue
             missing = plan.responsive - holders.get(model, set())
             if missing:
                 wanted.append((model, frozenset(missing)))
@@ -139,12 +157,15 @@ class TightGuard:
         active = {m: slo for m, slo in self._slo_of.items() if rate(m, now_ns) > ACTIVE_PER_NS}
         if len(set(active.values())) < 2:
             return NO_PLAN
-        kind = self._residency.kinds[0]
-        fastest = self._shapes.fastest_ns
+        kinds = self._residency.kinds
+
+        def fastest(model: str) -> int:  # on the fastest kind: where the tight class is best served
+            return min(self._shapes.fastest_ns(model, k) for k in kinds)
+
         by_slo = sorted(active.items(), key=lambda item: (-item[1], item[0]))
         longest_so_far, longest = 0, []  # the longest batch among models with at least this SLO
         for model, _ in by_slo:
-            longest_so_far = max(longest_so_far, self._longest_ns(model, kind))
+            longest_so_far = max([longest_so_far] + [self._longest_ns(model, k) for k in kinds])
             longest.append(longest_so_far)
         descending = [-slo for _, slo in by_slo]
         tight: dict[str, tuple[int, int]] = {}
@@ -152,14 +173,14 @@ class TightGuard:
             looser = bisect.bisect_right(descending, -CLASS_RATIO * slo)  # models of a looser class
             if not looser:
                 continue
-            single = fastest(model, kind)
+            single = fastest(model)
             slack = slo - self._margin_ns - single
             wait = slack - (self._room - 1) * single
             if slack > 0 and longest[looser - 1] > wait:
                 tight[model] = (slack, wait)
         if not tight:
             return NO_PLAN
-        work = sum(rate(m, now_ns) * fastest(m, kind) for m in tight)
+        work = sum(rate(m, now_ns) * fastest(m) for m in tight)
         devices = self._residency.devices
         count = min(len(devices), max(1, math.ceil(work / self._utilization)))
         previous = self._plan.responsive

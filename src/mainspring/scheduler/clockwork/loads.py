@@ -1,7 +1,8 @@
 """Cold starts and replicas: which model to load where, and what to evict for it.
 
 Candidates come in tiers (``Tier``), loaded in that order on every device whose load
-lane frees within the horizon:
+lane frees within the horizon (ahead of them all, the tight models ``TightGuard`` wants on a
+responsive device that lacks them):
 
 1. ``COLD``: queued models held nowhere, the most urgent (latest possible load start) first;
    each stands for requests that cannot be served at all without it.
@@ -118,12 +119,17 @@ class LoadPlanner:
     ) -> bool:
         """Load on ``device``, if it is a responsive device without one, a tight model (``TightGuard``):
         ahead of every tier, as each tight request that finds no responsive holder may wait behind a
-        full batch. Evicts only models without queued requests."""
+        full batch. Only while the tight models take at most half the device's pages, and evicting only
+        models that are neither queued nor tight (the guard's loads never evict one another)."""
+        assert self._guard is not None
+        tight = self._guard.plan(now_ns).tight.keys()
+        if 2 * sum(self._pages(model, device) for model in tight) > device.spec.total_pages:
+            return False
         for i, (model, missing) in enumerate(homeless):
             if device.spec.device not in missing or device.holds(model):
                 continue
             victims = self.eviction_victims(device, model, idle_only=True, now_ns=now_ns)
-            if victims is None:
+            if victims is None or any(victim in tight for victim in victims):
                 continue
             issue(device, model, victims, now_ns, decisions)
             homeless[i] = (model, missing - {device.spec.device})

@@ -186,11 +186,15 @@ class ClockworkScheduler(PolicyBookkeeping):
     # --- membership (devices and models that come and go) ------------------------------
     def add_device(self, spec: DeviceSpec) -> None:
         self.residency.add_device(spec)
+        if self.guard is not None:
+            self.guard.reset()
         device = self.residency.device(spec.device)
         for model, pages in self.adoptable(spec):
             self.residency.hold(device, model, 0, pages)  # usable now; least recently used
 
     def remove_device(self, device: int, now_ns: int) -> None:
+        if self.guard is not None:
+            self.guard.reset()
         gone = self.residency.device(device)
         self.residency.remove_device(device, {m: self._pages_on(m, gone) for m in gone.ready_ns})
         lost: list[Request] = []
@@ -298,6 +302,9 @@ class ClockworkScheduler(PolicyBookkeeping):
                     return
             if self.guard is not None:
                 guarded = self._guarded(device, chosen, now_ns)
+                if guarded is None:  # the next most urgent the guard lets run here, if any
+                    others = (self._guarded(device, c, now_ns) for c in sorted(choices) if c is not chosen)
+                    guarded = next((g for g in others if g is not None), None)
                 if guarded is None:
                     return
                 chosen = guarded
@@ -315,7 +322,10 @@ class ClockworkScheduler(PolicyBookkeeping):
             if cap + max(0, chosen.start_ns - now_ns) >= single:
                 self._gather_until = min(self._gather_until, now_ns + single - cap)
             return None
-        return self.batches.batch_within_head(device, chosen.model, chosen.start_ns, chosen.start_ns + cap)
+        if chosen.skip:  # a backlog kept whole: not cut from another head
+            return None
+        smaller = self.batches.batch_within_head(device, chosen.model, chosen.start_ns, chosen.start_ns + cap)
+        return smaller if smaller is not None and smaller.slack_ns >= 0 else None
 
     def _feasible_head(self, queue: ModelQueue, now_ns: int) -> Request | None:
         """The most urgent request that some holder can still serve; rejects the ones none can."""

@@ -66,7 +66,7 @@ bench: $(STAMP)
 
 # Clockwork's evaluation in the simulator (benchmarks/paper/), written to docs/paper.md; PAPER_ARGS=--quick for a smoke run.
 paper: $(STAMP)
-	cd benchmarks/paper && for fig in fig5 fig6 fig7 fig8 fig9 fig11 overload; do \
+	cd benchmarks/paper && for fig in fig5 fig6 fig7 fig8 fragments fig9 fig11 overload; do \
 		MAINSPRING_PAPER_OUT=../../out/paper ../../$(BIN)/python $$fig.py $(PAPER_ARGS) || exit 1; done
 	cd benchmarks/paper && MAINSPRING_PAPER_OUT=../../out/paper ../../$(BIN)/python write_doc.py ../../docs/paper.md
 

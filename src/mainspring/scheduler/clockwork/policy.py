@@ -4,7 +4,8 @@ Pure: it never reads the clock (``now_ns`` is passed in), does no I/O, and its o
 randomness would come from the injected generator. A request is admitted or rejected at
 arrival (``Admission``) and queued per model (``RequestQueues``). One pass of ``schedule``:
 ``_expire`` (reject what can no longer make it), ``_plan_infers`` on each device whose exec
-lane frees within the horizon (which batch runs next is ``BatchPlanner``'s choice), the strand
+lane frees within the horizon (which batch runs next is ``BatchPlanner``'s choice, cut where
+``TightGuard`` keeps a device responsive for a tighter class), the strand
 check (``StrandCheck``: requests stuck behind other models ask for a replica), then
 ``LoadPlanner.plan`` for models that need a device. Where weights are, and which results are
 stale, is ``Residency``'s business.

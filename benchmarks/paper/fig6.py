@@ -40,13 +40,16 @@ and GPU busy over time (section 6.2, "Can Clockwork serve thousands?"), without 
 cycle, with the load lane more than half busy; the lane is busy, but the minor model stays near 83%
 (clockwork) and 92% (INFER5) once memory is full. The majors ask more than the device before memory
 fills: in the first minute of majors (1 to 61 active, every one warm) the exec lane is full and the
-minor model falls to about 55% (clockwork). 1,000 r/s spread over tens of models batches in twos and
-fours, two to three times what the device serves; the authors' INFER5 (batches of at most 8, 643 r/s at most) is
-overloaded the same way. Both schedulers share an overloaded device by deadline order, and clockwork's
-share admission holds each model to its max-min fair share, which counts the minor model as one of
-hundreds. The majors' share of the misses falls as they spread over more models (each then asks for a
-load), which is why the minor model recovers over the run. Protecting it needs a rule for whom to shed
-past saturation (a class's share, not a model's), which this page does not have."""
+minor model falls to 55% (clockwork) and 71% (INFER5). 1,200 r/s in all is more than the device serves
+at any batch size (736 r/s in batches of 16, 643 in INFER5's batches of 8). Both schedulers share the
+overloaded device by deadline order. Clockwork's share admission holds each model to its max-min fair
+share of the device, and it weighs a model's demand at batch-1 cost: the minor model asks 0.66 of the
+device at that cost but 0.27 in the batches of 16 its rate fills, so it is held below what it needs
+while a few majors are active, and with hundreds active it is one model of hundreds. As the majors
+spread over more models, fewer of them are warm and each asks for a load, so the load lane, not the
+exec lane, limits them, and the minor model recovers over the run. Protecting it needs a rule for whom
+to shed past saturation (demand at the batch a model's rate fills, a class's share rather than a
+model's), which this page does not have."""
 AUTHORS_S = 75 * 60  # their run: a 5 min lead-in, then a model a second until 3,600, stopped at 75 min
 
 

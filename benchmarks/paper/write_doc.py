@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,7 +17,8 @@ plots in `out/paper/*.png`). Every policy of a row ran on the identical arrival 
 11; `infer5-5ms` with their schedule-ahead of 5 ms for Figs. 7, 8 and 11) and `infer4` (INFER4, which
 they ran for Figs. 9-10), and the reactive baselines `triton` and `clipper`. Each section gives the
 authors' setting (from their per-figure README in `clockwork-results` and the scripts it names),
-ours, every difference, the headline as the paper states it, and where the faithful port falls short.
+ours, every difference, the headline as the paper states it, and where the faithful port falls short;
+its plot follows it (`docs/paper/*.png`, copied from `out/paper/`).
 
 **Common to every figure.**
 - No GPUs: every duration is Clockwork's published V100 profile (`models/data/clockwork_v100.json`;
@@ -40,15 +42,25 @@ ours, every difference, the headline as the paper states it, and where the faith
 """
 
 
+PLOTS = {"fig9": ("fig9", "fig10")}  # a section's plots, when not the one named after it
+
+
 def main() -> None:
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/paper.md")
+    plots_dir = target.parent / "paper"  # committed beside the page, so a clone sees the plots
     sections = [HEADER]
     for name in ORDER:
         path = OUT / f"{name}.md"
-        if path.exists():
-            sections.append(path.read_text())
-        else:
+        if not path.exists():
             sections.append(f"## {name}\n\n(not run: `python benchmarks/paper/{name}.py`)\n")
+            continue
+        text = path.read_text()
+        for plot in PLOTS.get(name, (name,)):
+            if (OUT / f"{plot}.png").exists():
+                plots_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(OUT / f"{plot}.png", plots_dir / f"{plot}.png")
+                text += f"\n![{plot}](paper/{plot}.png)\n"
+        sections.append(text)
     target.write_text("\n".join(sections))
     print(f"wrote {target}")
 

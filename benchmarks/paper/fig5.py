@@ -65,8 +65,10 @@ def plot(by_slo: dict[int, dict[str, SimulationResult]]) -> None:
     """Per SLO, the latency CDF of the requests each policy served (``out/paper/fig5.png``), as the
     paper's Fig. 5 does; the dotted line is the SLO, so the curve's height there is the share served in time."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(by_slo), figsize=(3.2 * len(by_slo), 3), sharey=True, squeeze=False)
-    for axis, (slo_ms, results) in zip(axes[0], by_slo.items(), strict=True):
+    cols = min(3, len(by_slo))
+    rows = -(-len(by_slo) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), sharey=True, squeeze=False)
+    for axis, (slo_ms, results) in zip(axes.flat, by_slo.items(), strict=False):
         for policy, result in results.items():
             served = np.sort([row.latency_ns / 1e6 for row in result.recorder.requests if row.status == "success"])
             if served.size:
@@ -75,7 +77,8 @@ def plot(by_slo: dict[int, dict[str, SimulationResult]]) -> None:
         axis.set_xscale("log")
         axis.set_title(f"SLO {slo_ms} ms")
         axis.set_xlabel("latency of served requests (ms)")
-    axes[0][0].set_ylabel("CDF")
+    for row in axes:
+        row[0].set_ylabel("CDF")
     axes[0][0].legend(fontsize=6)
     save_plot(fig, "fig5")
 

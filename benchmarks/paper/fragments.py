@@ -32,11 +32,13 @@ def fragmented(profile: ModelProfile, k: int) -> ModelProfile:
     )
 
 
-def run(factor: float, k: int, guard: bool, duration_s: float, tight: bool = True) -> SimulationResult:
+def run(
+    factor: float, k: int, guard: bool, duration_s: float, tight: bool = True, batch: bool = True
+) -> SimulationResult:
     base = resnet50_copies(6 + 12)
     models = base[:6] + [fragmented(m, k) for m in base[6:]]
     names = tuple(m.model for m in models)
-    parts = [Part("batch", ClosedLoop(12, 16), names[6:], slo_ns=s_to_ns(86_400))]
+    parts = [Part("batch", ClosedLoop(12, 16), names[6:], slo_ns=s_to_ns(86_400))] if batch else []
     if tight:
         slo = base[0].slo_ns_for_factor(factor)
         parts.insert(0, Part("latency", PoissonOpenLoop(200), names[:6], slo_ns=slo))
@@ -67,7 +69,7 @@ def main() -> None:
     args = p.parse_args()
     duration = 3.0 if args.quick else args.duration_s
     profile = resnet50_copies(1)[0]
-    alone = {f: measured(run(f, 1, True, duration), 1, duration)[0] for f in FACTORS}
+    alone = {f: measured(run(f, 1, True, duration, batch=False), 1, duration)[0] for f in FACTORS}
     capacity = measured(run(1.0, 1, False, duration, tight=False), 1, duration)[1]
     runs = [(k, False) for k in FRAGMENTS] + [(1, True), (4, True)]
     header = ["SLO", "alone"] + [f"K={k}, guard {'on' if guard else 'off'}" for k, guard in runs]

@@ -53,7 +53,8 @@ least 80% of the capacity left):
   goodput at 85% (12 x 16) and 89% (48 x 4) of the capacity left at steps 3-4, where the guard works,
   and about 100% after. Steps 0-2 do not count (alone 0.10%, 94.19%, 99.59%).
 - Ours: the class holds from step 1 (100% with both mixes), but the batch goodput falls to 41-73% of
-  the capacity left at steps 1-3 with 12 x 16, and to 56-61% at steps 1-2 with 48 x 4. There the class's work is 4 of the 6 devices (1,200 r/s at 3.32 ms),
+  the capacity left at steps 1-3 with 12 x 16, and to 56-61% at steps 1-2 with 48 x 4. There the
+  class's work is 4 of the 6 devices (1,200 r/s at 3.32 ms),
   so every device is kept responsive and the batch model runs small batches. At step 1 (10 ms) no
   non-preemptive policy does both: two requests of a model arrive 5 ms apart and a batch of two takes
   5.3 ms, so the class runs batches of one and needs its 4 devices at least; below 100% busy it needs 5,

@@ -34,8 +34,8 @@ its plot follows it (`docs/paper/*.png`, copied from `out/paper/`).
   no admission), not the systems; INFaaS is not reproduced.
 - One SLO unit: 1x is the profile's batch-1 time, 3.32 ms for resnet50_v2; the authors' README says
   2.9 ms, so each of our SLO steps in Figs. 7-8 is 14% looser than theirs.
-- Closed-loop clients wait 10 ms after a rejection; the authors' resend at once.
-- Runs are minutes long and use one seed (1); the authors' ran 10 minutes to 8 hours.
+- Closed-loop clients wait 10 ms after a rejection; the authors' clients resend at once.
+- Runs are minutes long and use one seed (1); the authors ran 10 minutes to 8 hours.
 - The paper's headline: "Clockwork can support thousands of models while simultaneously meeting
   100 ms latency targets for 99.9999% of requests" (the abstract of arXiv v2 and of the OSDI
   version as Microsoft Research lists it; arXiv v1 said 99.997%).

@@ -10,8 +10,9 @@ one of them (``LoadPlanner``, ahead of its tiers, with at most half a device's p
 looser model's batch is cut so that ``guard_room`` tight batch-1 inferences arriving as it is
 planned still meet their deadline after it (and after what is booked before it), or one where
 that leaves no batch. A looser model whose batch-1 alone would break a tight deadline does not
-run on a responsive device while another device holds it (and is not cut where none does: one
-request of it breaks the deadline anyway). The other devices run full batches.
+run on a responsive device while another device holds it; where none does, it runs in batches of
+one if the tight deadline leaves more than half of one, else whole. The other devices run full
+batches.
 
 A model is *tight* when an active model of a looser class (an SLO at least ``CLASS_RATIO`` times
 its own) has a largest batch longer than what the tight one can wait: with one SLO for everything
@@ -125,15 +126,17 @@ class TightGuard:
             if own_slo < CLASS_RATIO * plan.slo_ns[tight] or tight not in device.ready_ns:
                 continue
             # Room for ``guard_room`` tight inferences if a batch-1 fits so, else for one. A model whose
-            # batch-1 leaves no room at all does not run here while another device can take it; held
-            # only here, it runs whole (cutting it would protect nothing: one request of it breaks the
-            # tight deadline anyway).
+            # batch-1 leaves no room does not run here while another device can take it. Held only here,
+            # it is cut to batch-1 while that spares a tight request arriving in the batch's second half
+            # (slack above half of it), and runs whole where it would spare less (cutting buys little).
             if wait_ns >= single:
                 allowed = wait_ns
             elif slack_ns >= single:
                 allowed = single
             elif self._held_elsewhere(model, plan.responsive):
                 allowed = wait_ns
+            elif 2 * slack_ns > single:
+                allowed = single
             else:
                 continue
             cap = allowed if cap is None else min(cap, allowed)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mainspring.cli_bench import add_bench, run_bench
 from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
+from mainspring.cli_plan import add_plan, run_plan
 from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
 from mainspring.cli_workload import (
     CliError,
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(commands)
     add_worker(commands)
     add_bench(commands)
+    add_plan(commands)
     p = commands.add_parser("analyze", help="why requests missed their SLO, from simulate or serve --log-dir logs")
     p.add_argument("log_dir", type=Path)
     p.add_argument("--top", type=int, default=3, help="models named per cause (default 3)")
@@ -218,6 +220,7 @@ _COMMANDS = {
     "serve": run_serve,
     "worker": run_worker,
     "bench": run_bench,
+    "plan": run_plan,
     "analyze": _run_analyze,
 }
 

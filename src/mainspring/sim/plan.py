@@ -1,0 +1,169 @@
+"""Capacity planning: the fewest devices, then the smallest weight pool, that meet an attainment target.
+
+Every candidate is a deterministic simulation of the real policy on one arrival sequence (generated
+once, the same for every candidate), so the same inputs give the same plan. The search is bounded:
+devices double from one until the target is met (at most ``max_devices``), then a binary search
+between the last miss and the first hit finds the fewest; the pool is then halved in pages the same
+way, down to the largest model. Attainment is taken to grow with devices and pool (more of either
+never turns a served request away); a search over a non-monotone stretch still returns a
+configuration it measured to meet the target, and its neighbours show the margin.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+
+from mainspring.models.profile import ModelProfile
+from mainspring.sim.run import SimulationConfig, generate_arrivals, simulate
+from mainspring.workload import Arrival, Workload
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    """One simulated configuration and what it measured."""
+
+    devices: int
+    pool_bytes: int
+    attainment: float
+    goodput_rps: float
+    p99_ms: float
+    busy: float
+    requests: int
+
+    def meets(self, target: float) -> bool:
+        return self.attainment >= target
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The answer: ``devices`` and ``pool_bytes`` (None where no candidate met the target), with every
+    point simulated on the way (the margin: one device fewer and one more are among them)."""
+
+    target: float
+    devices: int | None
+    pool_bytes: int | None
+    points: tuple[PlanPoint, ...]
+
+    def point(self, devices: int, pool_bytes: int) -> PlanPoint | None:
+        return next((p for p in self.points if (p.devices, p.pool_bytes) == (devices, pool_bytes)), None)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "target": self.target,
+            "devices": self.devices,
+            "pool_bytes": self.pool_bytes,
+            "points": [asdict(p) for p in self.points],
+        }
+
+
+Progress = Callable[[PlanPoint], None]
+
+
+class PlanError(ValueError):
+    """Inputs no plan can be made from; the message names the input."""
+
+
+def plan(
+    profiles: Sequence[ModelProfile],
+    workload: Workload,
+    config: SimulationConfig,
+    target: float,
+    max_devices: int,
+    policy: str = "clockwork",
+    progress: Progress | None = None,
+) -> Plan:
+    """The fewest devices (up to ``max_devices``) of ``config``'s pool that reach ``target`` attainment
+    on ``workload``, then the smallest pool (in pages) that still does on that many devices."""
+    _check(profiles, config, target, max_devices)
+    arrivals = generate_arrivals(workload, profiles, config)
+    if not arrivals:
+        raise PlanError("the workload has no requests in the window: nothing to plan for (--duration-s, --rate)")
+    measured: dict[tuple[int, int], PlanPoint] = {}
+
+    def measure(devices: int, pool_bytes: int) -> PlanPoint:
+        key = (devices, pool_bytes)
+        if key not in measured:
+            measured[key] = _simulate(policy, profiles, workload, config, arrivals, devices, pool_bytes)
+            if progress is not None:
+                progress(measured[key])
+        return measured[key]
+
+    full = config.pool_bytes
+    devices = _fewest(lambda n: measure(n, full).meets(target), 1, max_devices)
+    if devices is None:
+        return Plan(target, None, None, tuple(measured.values()))
+    for neighbour in (devices - 1, devices + 1):  # the margin either side
+        if 1 <= neighbour <= max_devices:
+            measure(neighbour, full)
+    page = config.page_bytes
+    smallest_pages = max(math.ceil(p.weights_bytes / page) for p in profiles)
+    pages = _fewest(lambda k: measure(devices, k * page).meets(target), smallest_pages, full // page)
+    pool = full if pages is None else pages * page
+    if pool != full and pages is not None and pages > smallest_pages:
+        measure(devices, (pages - 1) * page)  # one page fewer: the pool's margin
+    return Plan(target, devices, pool, tuple(sorted(measured.values(), key=lambda p: (p.devices, p.pool_bytes))))
+
+
+def _fewest(ok: Callable[[int], bool], low: int, high: int) -> int | None:
+    """The smallest ``n`` in [low, high] with ``ok(n)``, by doubling from ``low`` then bisecting."""
+    if high < low:
+        return None
+    last_miss, n = low - 1, low
+    while not ok(n):
+        last_miss = n
+        if n >= high:
+            return None
+        n = min(high, max(n + 1, 2 * n))
+    first_hit = n
+    while first_hit - last_miss > 1:
+        middle = (first_hit + last_miss) // 2
+        if ok(middle):
+            first_hit = middle
+        else:
+            last_miss = middle
+    return first_hit
+
+
+def _simulate(
+    policy: str,
+    profiles: Sequence[ModelProfile],
+    workload: Workload,
+    config: SimulationConfig,
+    arrivals: list[Arrival],
+    devices: int,
+    pool_bytes: int,
+) -> PlanPoint:
+    run_config = replace(config, devices=devices, pool_bytes=pool_bytes)
+    report = simulate(policy, list(profiles), workload, run_config, arrivals).report
+    return PlanPoint(
+        devices=devices,
+        pool_bytes=pool_bytes,
+        attainment=report.slo_attainment,
+        goodput_rps=report.goodput_rps,
+        p99_ms=report.latency_ms.get("p99", float("nan")),
+        busy=report.device_busy,
+        requests=report.requests,
+    )
+
+
+def _check(profiles: Sequence[ModelProfile], config: SimulationConfig, target: float, max_devices: int) -> None:
+    if not profiles:
+        raise PlanError("no model profiles to plan for")
+    if not 0 < target <= 1:
+        raise PlanError(f"--attainment must lie in (0, 100] percent, got {target * 100:g}")
+    if max_devices < 1:
+        raise PlanError(f"--max-devices must be at least 1, got {max_devices}")
+    fastest = min(min(p.exec_ns.values()) for p in profiles)
+    if config.slo_ns <= fastest:
+        raise PlanError(
+            f"--slo-ms {config.slo_ns / 1e6:g} is below every model's batch-1 time (the fastest takes "
+            f"{fastest / 1e6:g} ms): no number of devices meets it"
+        )
+    largest = max(p.weights_bytes for p in profiles)
+    if largest > config.pool_bytes:
+        raise PlanError(
+            f"--device-memory-gib {config.pool_bytes / 2**30:g} holds no copy of the largest model "
+            f"({largest / 2**30:.2f} GiB)"
+        )

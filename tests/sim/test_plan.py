@@ -1,0 +1,83 @@
+"""``mainspring plan``: the smallest configuration that meets the target, the same on every run, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mainspring.cli import main
+from mainspring.models.profile import builtin_profiles, model_copies
+from mainspring.sim.plan import PlanError, _fewest, plan
+from mainspring.sim.run import SimulationConfig, generate_arrivals, simulate
+from mainspring.time import NS_PER_S
+from mainspring.workload import PoissonOpenLoop
+
+RESNET50 = [p for p in builtin_profiles() if p.model == "resnet50_v2"]
+
+
+def test_the_search_finds_the_first_n_that_works_in_few_tries() -> None:
+    for answer in (1, 2, 3, 7, 8, 33, 64):
+        tried: list[int] = []
+
+        def ok(n: int, answer: int = answer, tried: list[int] = tried) -> bool:
+            tried.append(n)
+            return n >= answer
+
+        assert _fewest(ok, 1, 64) == answer
+        assert len(tried) <= 2 * 7 + 1  # doubling, then bisecting: logarithmic
+    assert _fewest(lambda n: False, 1, 64) is None
+    assert _fewest(lambda n: True, 5, 4) is None
+
+
+def test_the_plan_is_the_fewest_devices_an_exhaustive_search_finds_and_the_same_every_run() -> None:
+    models = model_copies(RESNET50, 40)
+    workload = PoissonOpenLoop(1500.0)
+    config = SimulationConfig(duration_ns=3 * NS_PER_S, seed=2, pool_bytes=48 * 2**30)
+    target = 0.999
+    arrivals = generate_arrivals(workload, models, config)
+    exhaustive = []
+    for devices in range(1, 7):
+        run = SimulationConfig(duration_ns=config.duration_ns, seed=2, pool_bytes=config.pool_bytes, devices=devices)
+        exhaustive.append(simulate("clockwork", models, workload, run, arrivals).report.slo_attainment)
+    fewest = next(n for n, attained in enumerate(exhaustive, start=1) if attained >= target)
+    assert 1 < fewest < 6  # the workload needs more than one device and fewer than six
+    first = plan(models, workload, config, target, max_devices=6)
+    assert first.devices == fewest
+    assert first.pool_bytes is not None and first.pool_bytes <= config.pool_bytes
+    chosen = first.point(fewest, first.pool_bytes)
+    assert chosen is not None and chosen.attainment >= target
+    below = first.point(fewest - 1, config.pool_bytes)
+    assert below is not None and below.attainment < target  # the margin is shown
+    assert plan(models, workload, config, target, max_devices=6).to_json() == first.to_json()
+
+
+def test_a_target_no_device_count_reaches_says_so() -> None:
+    models = model_copies(RESNET50, 40)
+    config = SimulationConfig(duration_ns=2 * NS_PER_S, seed=1)
+    result = plan(models, PoissonOpenLoop(3000.0), config, 0.999, max_devices=1)
+    assert result.devices is None and result.pool_bytes is None
+
+
+def test_bad_inputs_get_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    models = model_copies(RESNET50, 4)
+    config = SimulationConfig(duration_ns=NS_PER_S, slo_ns=3_000_000)  # below resnet50_v2's 3.32 ms
+    with pytest.raises(PlanError, match="below every model's batch-1 time"):
+        plan(models, PoissonOpenLoop(100.0), config, 0.999, max_devices=4)
+    with pytest.raises(PlanError, match="attainment"):
+        plan(models, PoissonOpenLoop(100.0), SimulationConfig(duration_ns=NS_PER_S), 1.5, max_devices=4)
+    header = "HashOwner,HashApp,HashFunction,Trigger," + ",".join(str(m) for m in range(1, 1441)) + "\n"
+    empty, silent = tmp_path / "empty.csv", tmp_path / "silent.csv"
+    empty.write_text(header)
+    silent.write_text(header + "o,a,f,http," + ",".join("0" for _ in range(1440)) + "\n")
+    for argv, expected in (
+        (["--workload", "azure", "--trace", str(empty)], "has no functions"),
+        (["--workload", "azure", "--trace", str(silent)], "no requests"),
+        (["--workload", "poisson", "--slo-ms", "1"], "below every model's batch-1 time"),
+        (["--workload", "poisson", "--attainment", "0"], "--attainment"),
+        (["--workload", "poisson", "--policy", "clockwork,triton"], "one policy"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(["plan", "--models", "4", "--duration-s", "1", "--quiet", *argv])
+        assert exited.value.code == 2
+        assert expected in capsys.readouterr().err

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import math
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
+from mainspring.cells.placement import CellCapacity, Placement, demand_of
+from mainspring.cells.placement import plan as place
 from mainspring.cli_workload import CliError, add_workload_arguments, duration_s, prepare_outputs, workload_from
-from mainspring.models.profile import model_copies
+from mainspring.models.profile import ModelProfile, model_copies
 from mainspring.models.repository import profiles_from
 from mainspring.protocol.pages import MIB
 from mainspring.protocol.requests import slo_problem
 from mainspring.scheduler.registry import parse_policies
 from mainspring.sim.plan import Plan, PlanError, PlanPoint, plan
-from mainspring.sim.run import SimulationConfig
+from mainspring.sim.run import SimulationConfig, generate_arrivals
 from mainspring.time import ms_to_ns, s_to_ns
 
 GIB = 1024 * MIB
+CELL_DEVICES = 16  # a cell's devices at most (docs/sizing.md)
 
 
 def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,7 +40,10 @@ def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--device-memory-gib", type=float, default=32.0, help="the largest pool tried (default 32)")
     p.add_argument("--page-mib", type=int, default=16, help="page size (default 16 MiB)")
     p.add_argument("--policy", default="clockwork", help="the policy planned for (default clockwork)")
+    p.add_argument("--what-if-slo", default="", help="comma-separated SLOs (ms) to plan for as well")
+    p.add_argument("--what-if-scale", default="", help="comma-separated load multipliers to plan for as well (2,5)")
     p.add_argument("--json", type=Path, help="write the plan and every simulated point as JSON here")
+    p.add_argument("--plot", type=Path, help="write attainment against devices and against pool size (PNG) here")
     p.add_argument("--quiet", action="store_true", help="no line per simulated point")
 
 
@@ -51,7 +61,34 @@ def run_plan(args: argparse.Namespace) -> int:
         raise CliError("--device-memory-gib and --page-mib must be positive")
     if args.models < 1:
         raise CliError(f"--models must be at least 1, got {args.models}")
-    prepare_outputs({"--json": args.json}, {})
+    prepare_outputs({"--json": args.json, "--plot": args.plot}, {})
+    slos = _numbers(args.what_if_slo, "--what-if-slo")
+    scales = _numbers(args.what_if_scale, "--what-if-scale")
+    profiles = model_copies(profiles_from(args.profiles), args.models)
+    result, cells = _plan_once(args, profiles, policy, seconds, verbose=not args.quiet)
+    print(summary(result))
+    if cells:
+        print(f"  cells: {len({c for placed in cells.values() for c in placed})} of at most {CELL_DEVICES} devices")
+    what_if = []
+    for label, changed in [(f"SLO {v:g} ms", _with(args, slo_ms=v)) for v in slos] + [
+        (f"load x{v:g}", _scaled(args, v)) for v in scales
+    ]:
+        other, _ = _plan_once(changed, profiles, policy, seconds, verbose=False)
+        what_if.append((label, other))
+        print(f"what if {label}: " + summary(other).splitlines()[0])
+    if args.json is not None:
+        document = result.to_json() | {"placement": cells, "what_if": {k: v.to_json() for k, v in what_if}}
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    if args.plot is not None:
+        _plot(result, args.plot)
+    return 0 if result.devices is not None else 1
+
+
+def _plan_once(
+    args: argparse.Namespace, profiles: list[ModelProfile], policy: str, seconds: float, verbose: bool
+) -> tuple[Plan, Placement]:
+    if (problem := slo_problem("--slo-ms", args.slo_ms)) is not None:
+        raise CliError(problem)
     config = SimulationConfig(
         duration_ns=s_to_ns(seconds),
         pool_bytes=int(args.device_memory_gib * GIB) // (args.page_mib * MIB) * (args.page_mib * MIB),
@@ -59,16 +96,76 @@ def run_plan(args: argparse.Namespace) -> int:
         slo_ns=ms_to_ns(args.slo_ms),
         seed=args.seed,
     )
-    profiles = model_copies(profiles_from(args.profiles), args.models)
-    show = None if args.quiet else _print_point
+    workload = workload_from(args)
     try:
-        result = plan(profiles, workload_from(args), config, args.attainment / 100, args.max_devices, policy, show)
+        result = plan(profiles, workload, config, args.attainment / 100, args.max_devices, policy,
+                      _print_point if verbose else None)  # fmt: skip
     except PlanError as error:
         raise CliError(str(error)) from None
-    print(summary(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    return 0 if result.devices is not None else 1
+    if result.devices is None or result.pool_bytes is None:
+        return result, {}
+    arrivals = Counter(a.model for a in generate_arrivals(workload, profiles, config))
+    return result, placement(profiles, arrivals, seconds, result.devices, result.pool_bytes)
+
+
+def placement(
+    profiles: Sequence[ModelProfile], arrivals: Counter[str], seconds: float, devices: int, pool_bytes: int
+) -> Placement:
+    """The cells of at most ``CELL_DEVICES`` that ``devices`` make, and which serve each model (the
+    cells' placement planner, on the rates the workload asked for)."""
+    count = math.ceil(devices / CELL_DEVICES)
+    sizes = [devices // count + (1 if i < devices % count else 0) for i in range(count)]
+    cells = [CellCapacity(i, n, n * pool_bytes) for i, n in enumerate(sizes)]
+    return place(cells, [demand_of(p, arrivals.get(p.model, 0) / seconds) for p in profiles])
+
+
+def _numbers(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise CliError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+    if any(not v > 0 for v in values):
+        raise CliError(f"{flag} values must be positive, got {text!r}")
+    return values
+
+
+def _with(args: argparse.Namespace, **changes: object) -> argparse.Namespace:
+    changed = copy.copy(args)
+    for key, value in changes.items():
+        setattr(changed, key, value)
+    return changed
+
+
+def _scaled(args: argparse.Namespace, factor: float) -> argparse.Namespace:
+    """The same workload with ``factor`` times the load: the trace's scale, the rate, or the clients."""
+    if args.workload == "azure":
+        return _with(args, trace_scale=args.trace_scale * factor)
+    if args.workload == "closed":
+        return _with(args, clients=max(1, round(args.clients * factor)))
+    return _with(args, rate=args.rate * factor)
+
+
+def _plot(result: Plan, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    full = max(p.pool_bytes for p in result.points)
+    by_devices = sorted((p.devices, p.attainment) for p in result.points if p.pool_bytes == full)
+    by_pool = sorted((p.pool_bytes / GIB, p.attainment) for p in result.points if p.devices == result.devices)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    left.plot(*zip(*by_devices, strict=True), marker="o")
+    left.set_xlabel(f"devices (pool {full / GIB:g} GiB each)")
+    if by_pool:
+        right.plot(*zip(*by_pool, strict=True), marker="o")
+    right.set_xlabel(f"pool per device (GiB), {result.devices} devices")
+    for axis in (left, right):
+        axis.axhline(result.target, linestyle=":", color="grey")
+        axis.set_ylabel("within SLO")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _print_point(point: PlanPoint) -> None:
@@ -84,7 +181,7 @@ def summary(result: Plan) -> str:
     target = f"{result.target:.4%}"
     if result.devices is None or result.pool_bytes is None:
         best = max(result.points, key=lambda p: p.attainment)
-        return f"no plan: the most devices tried ({best.devices}) reach {best.attainment:.4%}, short of {target}"
+        return f"no plan: the best tried ({best.devices} devices) reaches {best.attainment:.4%}, short of {target}"
     chosen = result.point(result.devices, result.pool_bytes)
     assert chosen is not None
     lines = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,17 @@ def test_bad_inputs_get_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
             main(["plan", "--models", "4", "--duration-s", "1", "--quiet", *argv])
         assert exited.value.code == 2
         assert expected in capsys.readouterr().err
+
+
+def test_the_cli_writes_the_plan_its_placement_and_what_ifs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--workload", "poisson", "--rate", "600", "--models", "12", "--duration-s", "2", "--quiet"]
+    argv += ["--max-devices", "4", "--what-if-scale", "2", "--what-if-slo", "200", "--json", str(out)]
+    argv += ["--plot", str(tmp_path / "plan.png")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("plan: ") and "what if load x2: " in printed and "what if SLO 200 ms: " in printed
+    document = json.loads(out.read_text())
+    assert document["devices"] >= 1 and set(document["what_if"]) == {"load x2", "SLO 200 ms"}
+    assert len(document["placement"]) == 12 and all(cells == [0] for cells in document["placement"].values())
+    assert (tmp_path / "plan.png").stat().st_size > 0

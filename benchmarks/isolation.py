@@ -26,7 +26,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from mainspring.models.profile import ModelProfile, builtin_profiles, model_copies
-from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
+from mainspring.sim.run import SimulationConfig, generate_arrivals, simulate
 from mainspring.time import ms_to_ns, s_to_ns
 from mainspring.workload import AzureTrace, ClosedLoop, Composition, Part, PoissonOpenLoop, Workload
 
@@ -138,34 +138,18 @@ def _run(setting: Setting, with_tight: bool, with_batch: bool, guard: bool, seed
             models += group
             part = Part(f"batch{i}", ClosedLoop(clients, outstanding), tuple(m.model for m in group), s_to_ns(slo_s))
             parts.append(part)
-    config = SimulationConfig(duration_ns=s_to_ns(setting.duration_s), devices=setting.devices, seed=seed)
+    config = SimulationConfig(
+        duration_ns=s_to_ns(setting.duration_s - WARMUP_S),
+        warmup_ns=s_to_ns(WARMUP_S),
+        devices=setting.devices,
+        seed=seed,
+    )
     workload = Composition(parts)
     arrivals = generate_arrivals(workload, models, config)
-    result = simulate("clockwork", models, workload, config, arrivals, settings={"guard_tight": guard})
-    return _measure(result, setting)
-
-
-def _measure(result: SimulationResult, setting: Setting) -> Outcome:
-    start = s_to_ns(WARMUP_S)
-    measured_s = setting.duration_s - WARMUP_S
-    tight = good = batch_good = 0
-    for row in result.recorder.requests:
-        if row.arrival_ns < start:
-            continue
-        label = result.labels.get(row.request_id, "")
-        if label == "tight":
-            tight += 1
-            good += row.good
-        elif label.startswith("batch"):
-            batch_good += row.good
-    busy = sum(
-        a.end_ns - max(a.begin_ns, start)
-        for a in result.recorder.actions
-        if a.kind == "infer" and a.begin_ns >= 0 and a.end_ns > start
-    )
-    return Outcome(
-        good / tight if tight else 1.0, batch_good / measured_s, busy / (setting.devices * s_to_ns(measured_s))
-    )
+    report = simulate("clockwork", models, workload, config, arrivals, settings={"guard_tight": guard}).report
+    by_label = report.by_label  # counted from the warm-up on
+    batch = sum(v["goodput_rps"] for label, v in by_label.items() if label.startswith("batch"))
+    return Outcome(by_label.get("tight", {}).get("slo_attainment", 1.0), batch, report.device_busy)
 
 
 def main() -> None:

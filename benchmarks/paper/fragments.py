@@ -42,25 +42,19 @@ def run(
     if tight:
         slo = base[0].slo_ns_for_factor(factor)
         parts.insert(0, Part("latency", PoissonOpenLoop(200), names[:6], slo_ns=slo))
-    config = SimulationConfig(duration_ns=s_to_ns(duration_s), devices=6, seed=1)
+    config = SimulationConfig(
+        duration_ns=s_to_ns(duration_s - WARMUP_S), warmup_ns=s_to_ns(WARMUP_S), devices=6, seed=1
+    )
     workload = Composition(parts)
     arrivals = generate_arrivals(workload, models, config)
     return simulate("clockwork", models, workload, config, arrivals, settings={"guard_tight": guard})
 
 
-def measured(result: SimulationResult, k: int, duration_s: float) -> tuple[float, float]:
+def measured(result: SimulationResult, k: int) -> tuple[float, float]:
     """After the warm-up: the tight class's attainment, and the batch goodput in whole requests a second."""
-    start = s_to_ns(WARMUP_S)
-    tight = good = batch = 0
-    for row in result.recorder.requests:
-        if row.arrival_ns < start:
-            continue
-        if result.labels.get(row.request_id) == "latency":
-            tight += 1
-            good += row.good
-        else:
-            batch += row.good
-    return (good / tight if tight else float("nan")), batch / k / (duration_s - WARMUP_S)
+    by_label = result.report.by_label
+    tight = by_label["latency"]["slo_attainment"] if "latency" in by_label else float("nan")
+    return tight, by_label.get("batch", {}).get("goodput_rps", 0.0) / k
 
 
 def main() -> None:
@@ -69,8 +63,8 @@ def main() -> None:
     args = p.parse_args()
     duration = 3.0 if args.quick else args.duration_s
     profile = resnet50_copies(1)[0]
-    alone = {f: measured(run(f, 1, True, duration, batch=False), 1, duration)[0] for f in FACTORS}
-    capacity = measured(run(1.0, 1, False, duration, tight=False), 1, duration)[1]
+    alone = {f: measured(run(f, 1, True, duration, batch=False), 1)[0] for f in FACTORS}
+    capacity = measured(run(1.0, 1, False, duration, tight=False), 1)[1]
     runs = [(k, False) for k in FRAGMENTS] + [(1, True), (4, True)]
     header = ["SLO", "alone"] + [f"K={k}, guard {'on' if guard else 'off'}" for k, guard in runs]
     rows = []
@@ -80,7 +74,7 @@ def main() -> None:
             f"{alone[factor]:.2%}",
         ]
         for k, guard in runs:
-            share, rps = measured(run(factor, k, guard, duration), k, duration)
+            share, rps = measured(run(factor, k, guard, duration), k)
             row.append(f"{share:.2%} / {rps:.0f}")
             print(f"{factor}x K={k} guard={guard}: {share:.2%} {rps:.0f} r/s", flush=True)
         rows.append(row)

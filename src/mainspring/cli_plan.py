@@ -55,8 +55,6 @@ def run_plan(args: argparse.Namespace) -> int:
     seconds = duration_s(args)
     if seconds <= 0:
         raise CliError(f"--duration-s must be positive, got {seconds:g}")
-    if (problem := slo_problem("--slo-ms", args.slo_ms)) is not None:
-        raise CliError(problem)
     if args.device_memory_gib <= 0 or args.page_mib <= 0:
         raise CliError("--device-memory-gib and --page-mib must be positive")
     if args.models < 1:

@@ -45,10 +45,9 @@ class GuardPlan:
 
     tight: dict[str, tuple[int, int]]
     responsive: frozenset[int]
-    slo_ns: dict[str, int]  # of the tight models
 
 
-NO_PLAN = GuardPlan({}, frozenset(), {})
+NO_PLAN = GuardPlan({}, frozenset())
 
 
 class TightGuard:
@@ -79,21 +78,20 @@ class TightGuard:
         old = self._slo_of.get(model)
         if old == slo_ns:
             return
-        if old is not None:
-            self._slos[old] -= 1
-            if not self._slos[old]:
-                del self._slos[old]
+        self._uncount(old)
         self._slo_of[model] = slo_ns
         self._slos[slo_ns] += 1
 
     def forget(self, model: str) -> None:
         """``model`` was removed."""
-        old = self._slo_of.pop(model, None)
-        if old is not None:
-            self._slos[old] -= 1
-            if not self._slos[old]:
-                del self._slos[old]
+        self._uncount(self._slo_of.pop(model, None))
         self.reset()
+
+    def _uncount(self, slo_ns: int | None) -> None:
+        if slo_ns is not None:
+            self._slos[slo_ns] -= 1
+            if not self._slos[slo_ns]:
+                del self._slos[slo_ns]
 
     def reset(self) -> None:
         """Work the plan out afresh at its next use (a model or a device came or went)."""
@@ -123,7 +121,7 @@ class TightGuard:
         single = self._shapes.fastest_ns(model, device.kind)
         cap: int | None = None
         for tight, (slack_ns, wait_ns) in plan.tight.items():
-            if own_slo < CLASS_RATIO * plan.slo_ns[tight] or tight not in device.ready_ns:
+            if own_slo < CLASS_RATIO * self._slo_of[tight] or tight not in device.ready_ns:
                 continue
             # Room for ``guard_room`` tight inferences if a batch-1 fits so, else for one. A model whose
             # batch-1 leaves no room does not run here while another device can take it. Held only here,
@@ -198,7 +196,7 @@ class TightGuard:
             return (device.spec.device not in previous, -held, device.spec.device)
 
         responsive = frozenset(d.spec.device for d in sorted(devices, key=rank)[:count])
-        return GuardPlan(tight, responsive, {m: active[m] for m in tight})
+        return GuardPlan(tight, responsive)
 
     def _longest_ns(self, model: str, kind: str) -> int:
         return self._shapes.exec_ns(model, self._shapes.sizes(model)[-1], kind)

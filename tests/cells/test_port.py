@@ -117,3 +117,35 @@ def test_a_cell_that_no_longer_knows_the_frontend_is_joined_again(tmp_path: Path
             await hub.close()
 
     with_service(test)
+
+
+def test_a_model_operation_a_restarted_cell_refuses_is_asked_again_after_joining_it(tmp_path: Path) -> None:
+    """A load reaches a cell that no longer knows the frontend (as after its controller restarted):
+    the frontend joins it again and asks once more, instead of failing the load."""
+    import asyncio
+
+    import zmq
+    import zmq.asyncio
+
+    from mainspring.controller.frontends import FrontendHub
+    from mainspring.controller.service import ControllerService
+    from tests.controller.test_service import with_service
+
+    async def test(service: ControllerService, _: DataPlane, __: object) -> None:
+        hub = FrontendHub(service, f"ipc://{tmp_path}/cell-0")
+        await hub.start()
+        cells = CellsPort("frontend-1", [hub.endpoint], [f"ipc://{tmp_path}/cell-0-signal"])
+        await cells.start(timeout_s=5)
+        try:
+            cell = cells.cells[0]
+            await cell._stop_receiving()  # a new socket, never joined
+            cell._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+            cell._socket.connect(hub.endpoint)
+            cell._receiver = asyncio.create_task(cell._receive())
+            await cells.load_model("a", timeout_s=10)
+            assert cell.joined and not cells._rejoining
+        finally:
+            await cells.close()
+            await hub.close()
+
+    with_service(test)

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ from mainspring.frontend.remote import RemoteController
 from mainspring.protocol.pages import DEFAULT_POOL_BYTES
 from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
+
+CellCall = Callable[[RemoteController], Awaitable[None]]  # a model operation, run on one cell
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +225,10 @@ class CellsPort:
 
     def _reachable(self) -> list[RemoteController]:
         """The cells a call can reach (joined, not dead): the others would only make it wait out its bound."""
-        return [cell for index, cell in enumerate(self.cells) if index not in self._dead and cell.joined]
+        return [self.cells[index] for index in self._reachable_indices()]
+
+    def _reachable_indices(self) -> list[int]:
+        return [index for index, cell in enumerate(self.cells) if index not in self._dead and cell.joined]
 
     async def _plan_every(self) -> None:
         interval = REPLAN_S[0]
@@ -342,25 +347,40 @@ class CellsPort:
             return await self.cells[others[0]].infer(model, samples, left)
 
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
-        await self._everywhere([cell.load_model(model, timeout_s) for cell in self._reachable()], "load", model)
+        await self._everywhere(lambda cell: cell.load_model(model, timeout_s), "load", model)
 
     async def reload_model(self, model: str, timeout_s: float = 120.0) -> None:
-        await self._everywhere([cell.reload_model(model, timeout_s) for cell in self._reachable()], "reload", model)
+        await self._everywhere(lambda cell: cell.reload_model(model, timeout_s), "reload", model)
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
-        await self._everywhere([cell.unload_model(model, timeout_s) for cell in self._reachable()], "unload", model)
+        await self._everywhere(lambda cell: cell.unload_model(model, timeout_s), "unload", model)
 
-    async def _everywhere(self, calls: list[Any], what: str, model: str) -> None:
+    async def _everywhere(self, call: CellCall, what: str, model: str) -> None:
         """Every reachable cell's call runs to its end; the first failure is raised after (a cell that
         failed keeps what it had, as one controller does). A dead cell misses it: a restarted cell
         serves what its repository and workers say."""
-        if len(calls) < len(self._present()):
-            log.warning("%s of %s reaches %d of %d cells (the others are restarting)", what, model, len(calls),
+        reachable = self._reachable_indices()
+        if len(reachable) < len(self._present()):
+            log.warning("%s of %s reaches %d of %d cells (the others are restarting)", what, model, len(reachable),
                         len(self._present()))  # fmt: skip
-        results = await asyncio.gather(*calls, return_exceptions=True)
+        results = await asyncio.gather(*(self._on_cell(i, call) for i in reachable), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+    async def _on_cell(self, index: int, call: CellCall) -> None:
+        """``call`` on cell ``index``; refused by a new run of the cell (it never ran: the cell restarted
+        since this frontend joined it), once more after joining it again, as ``infer`` does."""
+        try:
+            await call(self.cells[index])
+        except ServiceError as error:
+            if not error.never_ran or index in self._dead or index in self._rejoining:
+                raise
+            self._rejoining.add(index)
+            await self._rejoin(index)
+            if index in self._dead or index in self._departed:
+                raise
+            await call(self.cells[index])
 
     async def model_statistics(self, model: str) -> ModelStats:
         cells = self._reachable()

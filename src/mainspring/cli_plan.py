@@ -7,8 +7,9 @@ import copy
 import json
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from mainspring.cells.placement import CellCapacity, Placement, demand_of
 from mainspring.cells.placement import plan as place
@@ -150,27 +151,38 @@ def _plot(result: Plan, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     full = max(p.pool_bytes for p in result.points)
-    by_devices = sorted((p.devices, p.attainment) for p in result.points if p.pool_bytes == full)
-    by_pool = sorted((p.pool_bytes / GIB, p.attainment) for p in result.points if p.devices == result.devices)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    left.plot(*zip(*by_devices, strict=True), marker="o")
-    left.set_xlabel(f"devices (pool {full / GIB:g} GiB each)")
-    if by_pool:
-        right.plot(*zip(*by_pool, strict=True), marker="o")
-    right.set_xlabel(f"pool per device (GiB), {result.devices} devices")
-    for axis in (left, right):
+    panels: list[tuple[Any, list[PlanPoint], Callable[[PlanPoint], float]]] = [
+        (left, [p for p in result.points if p.pool_bytes == full], lambda p: p.devices),
+        (right, [p for p in result.points if p.devices == result.devices], lambda p: p.pool_bytes / GIB),
+    ]
+    for axis, points, x_of in panels:
+        for complete, style in ((True, {"marker": "o"}), (False, {"marker": "v", "linestyle": "none"})):
+            chosen = sorted((x_of(p), p.attainment) for p in points if p.complete is complete)
+            if chosen:
+                label = "simulated" if complete else "stopped early: at most"
+                axis.plot(*zip(*chosen, strict=True), label=label, **style)
         axis.axhline(result.target, linestyle=":", color="grey")
         axis.set_ylabel("within SLO")
+        axis.legend(loc="lower right")
+    left.set_xlabel(f"devices (pool {full / GIB:g} GiB each)")
+    right.set_xlabel(f"pool per device (GiB), {result.devices} devices")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def _print_point(point: PlanPoint) -> None:
-    print(
-        f"  {point.devices:>3} devices, pool {point.pool_bytes / GIB:6.2f} GiB: {point.attainment:.4%} within SLO, "
-        f"goodput {point.goodput_rps:.0f} r/s, p99 {point.p99_ms:.1f} ms, busy {point.busy:.0%}",
-        flush=True,
+    print(f"  {point.devices:>3} devices, pool {point.pool_bytes / GIB:6.2f} GiB: {describe(point)}", flush=True)
+
+
+def describe(point: PlanPoint) -> str:
+    """What one simulated point measured: in full, or the bound a stopped one reached."""
+    if point.goodput_rps is None or point.p99_ms is None or point.busy is None:
+        return f"at most {point.attainment:.4%} within SLO (stopped once it could no longer meet the target)"
+    return (
+        f"{point.attainment:.4%} within SLO, goodput {point.goodput_rps:.0f} r/s, p99 {point.p99_ms:.1f} ms, "
+        f"busy {point.busy:.0%}"
     )
 
 
@@ -178,18 +190,21 @@ def summary(result: Plan) -> str:
     """The answer, with its margin: the attainment one device fewer and one more, and one page fewer."""
     target = f"{result.target:.4%}"
     if result.devices is None or result.pool_bytes is None:
-        best = max(result.points, key=lambda p: p.attainment)
+        best = max(result.points, key=lambda p: (p.complete, p.attainment))
         return f"no plan: the best tried ({best.devices} devices) reaches {best.attainment:.4%}, short of {target}"
     chosen = result.point(result.devices, result.pool_bytes)
     assert chosen is not None
     lines = [
-        f"plan: {result.devices} devices with a {result.pool_bytes / GIB:.2f} GiB pool each reach "
-        f"{chosen.attainment:.4%} within SLO (target {target}); goodput {chosen.goodput_rps:.0f} r/s, "
-        f"p99 {chosen.p99_ms:.1f} ms, busy {chosen.busy:.0%}"
+        f"plan: {result.devices} devices with a {result.pool_bytes / GIB:.2f} GiB pool each (target {target}): "
+        + describe(chosen)
     ]
     full = max(p.pool_bytes for p in result.points)
     for devices in (result.devices - 1, result.devices + 1):
         point = result.point(devices, full)
         if point is not None:
             lines.append(f"  margin: {devices} devices reach {point.attainment:.4%}")
+    smaller = [p for p in result.points if p.devices == result.devices and p.pool_bytes < result.pool_bytes]
+    if smaller:
+        point = max(smaller, key=lambda p: p.pool_bytes)
+        lines.append(f"  margin: a {point.pool_bytes / GIB:.2f} GiB pool reaches {point.attainment:.4%}")
     return "\n".join(lines)

@@ -25,10 +25,13 @@ def test_the_search_finds_the_first_n_that_works_in_few_tries() -> None:
             tried.append(n)
             return n >= answer
 
-        assert _fewest(ok, 1, 64) == answer
+        assert _fewest(ok, 1, 64) == (answer, answer - 1)
         assert len(tried) <= 2 * 7 + 1  # doubling, then bisecting: logarithmic
-    assert _fewest(lambda n: False, 1, 64) is None
-    assert _fewest(lambda n: True, 5, 4) is None
+    assert _fewest(lambda n: False, 1, 64) == (None, 64)
+    assert _fewest(lambda n: True, 5, 4) == (None, 4)
+    # to within a share of the answer: a hit no more than that above the answer, a miss below it
+    hit, miss = _fewest(lambda n: n >= 1000, 1, 4096, precision=1 / 32)
+    assert 1000 <= hit <= 1000 * (1 + 1 / 32) and miss < 1000 and hit - miss <= hit / 32
 
 
 def test_the_plan_is_the_fewest_devices_an_exhaustive_search_finds_and_the_same_every_run() -> None:
@@ -49,7 +52,8 @@ def test_the_plan_is_the_fewest_devices_an_exhaustive_search_finds_and_the_same_
     chosen = first.point(fewest, first.pool_bytes)
     assert chosen is not None and chosen.attainment >= target
     below = first.point(fewest - 1, config.pool_bytes)
-    assert below is not None and below.attainment < target  # the margin is shown
+    assert below is not None and below.complete  # the margin is run to the end, whatever the search stopped
+    assert below.attainment == exhaustive[fewest - 2] < target
     assert plan(models, workload, config, target, max_devices=6).to_json() == first.to_json()
 
 
@@ -58,6 +62,22 @@ def test_a_target_no_device_count_reaches_says_so() -> None:
     config = SimulationConfig(duration_ns=2 * NS_PER_S, seed=1)
     result = plan(models, PoissonOpenLoop(3000.0), config, 0.999, max_devices=1)
     assert result.devices is None and result.pool_bytes is None
+    best = result.point(1, config.pool_bytes)
+    assert best is not None and best.complete and best.attainment < 0.999  # the best there is, in full
+
+
+def test_a_run_stops_once_it_has_missed_more_than_its_budget_and_not_before() -> None:
+    models = model_copies(RESNET50, 40)
+    workload = PoissonOpenLoop(2500.0)  # about twice what one device serves
+    config = SimulationConfig(duration_ns=3 * NS_PER_S, seed=3, devices=1)
+    arrivals = generate_arrivals(workload, models, config)
+    whole = simulate("clockwork", models, workload, config, arrivals)
+    missed = whole.report.requests - round(whole.report.slo_attainment * whole.report.requests)
+    assert whole.stopped_after_misses == 0 and missed > 100
+    stopped = simulate("clockwork", models, workload, config, arrivals, miss_budget=100)
+    assert stopped.stopped_after_misses > 100 and stopped.end_ns < whole.end_ns
+    enough = simulate("clockwork", models, workload, config, arrivals, miss_budget=missed)
+    assert enough.stopped_after_misses == 0 and enough.report.slo_attainment == whole.report.slo_attainment
 
 
 def test_bad_inputs_get_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

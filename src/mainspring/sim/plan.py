@@ -3,10 +3,15 @@
 Every candidate is a deterministic simulation of the real policy on one arrival sequence (generated
 once, the same for every candidate), so the same inputs give the same plan. The search is bounded:
 devices double from one until the target is met (at most ``max_devices``), then a binary search
-between the last miss and the first hit finds the fewest; the pool is then halved in pages the same
-way, down to the largest model. Attainment is taken to grow with devices and pool (more of either
+between the last miss and the first hit finds the fewest. The pool is then searched the same way in
+pages, up from the largest model, to within ``POOL_PRECISION`` of the answer or one page (each finer
+step costs a full simulation). Attainment is taken to grow with devices and pool (more of either
 never turns a served request away); a search over a non-monotone stretch still returns a
 configuration it measured to meet the target, and its neighbours show the margin.
+
+A candidate that misses is stopped as soon as more requests have missed than the target allows (on
+an open-loop workload, whose arrivals are all known up front): its attainment is then an upper
+bound, which is all the search needs. The margin's points are run to the end.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from mainspring.models.profile import ModelProfile
 from mainspring.sim.run import SimulationConfig, generate_arrivals, simulate
 from mainspring.workload import Arrival, Workload
 
+POOL_PRECISION = 1 / 32  # the pool search stops once the last miss is within this share of the first hit
+
 
 @dataclass(frozen=True)
 class PlanPoint:
@@ -26,14 +33,15 @@ class PlanPoint:
 
     devices: int
     pool_bytes: int
-    attainment: float
-    goodput_rps: float
-    p99_ms: float
-    busy: float
+    attainment: float  # where not ``complete``: at most this
+    goodput_rps: float | None  # None where not ``complete``
+    p99_ms: float | None
+    busy: float | None
     requests: int
+    complete: bool = True  # False: stopped once it could no longer meet the target
 
     def meets(self, target: float) -> bool:
-        return self.attainment >= target
+        return self.complete and self.attainment >= target
 
 
 @dataclass(frozen=True)
@@ -81,65 +89,79 @@ def plan(
     if not arrivals:
         raise PlanError("the workload has no requests in the window: nothing to plan for (--duration-s, --rate)")
     measured: dict[tuple[int, int], PlanPoint] = {}
+    counted = sum(1 for a in arrivals if a.time_ns >= config.warmup_ns)
+    budget = None if workload.closed_loop else math.floor((1 - target) * counted + 1e-9)
 
-    def measure(devices: int, pool_bytes: int) -> PlanPoint:
+    def measure(devices: int, pool_bytes: int, to_the_end: bool = False) -> PlanPoint:
         key = (devices, pool_bytes)
-        if key not in measured:
-            measured[key] = _simulate(policy, profiles, workload, config, arrivals, devices, pool_bytes)
+        if key not in measured or (to_the_end and not measured[key].complete):
+            candidate = replace(config, devices=devices, pool_bytes=pool_bytes)
+            measured[key] = _measure(
+                policy, profiles, workload, candidate, arrivals, counted, None if to_the_end else budget
+            )
             if progress is not None:
                 progress(measured[key])
         return measured[key]
 
     full = config.pool_bytes
-    devices = _fewest(lambda n: measure(n, full).meets(target), 1, max_devices)
+    devices, _ = _fewest(lambda n: measure(n, full).meets(target), 1, max_devices)
     if devices is None:
+        measure(max_devices, full, to_the_end=True)  # the best there is, in full
         return Plan(target, None, None, tuple(measured.values()))
     for neighbour in (devices - 1, devices + 1):  # the margin either side
         if 1 <= neighbour <= max_devices:
-            measure(neighbour, full)
+            measure(neighbour, full, to_the_end=True)
     page = config.page_bytes
     smallest_pages = max(math.ceil(p.weights_bytes / page) for p in profiles)
-    pages = _fewest(lambda k: measure(devices, k * page).meets(target), smallest_pages, full // page)
+    pages, below = _fewest(
+        lambda k: measure(devices, k * page).meets(target), smallest_pages, full // page, POOL_PRECISION
+    )
     pool = full if pages is None else pages * page
-    if pool != full and pages is not None and pages > smallest_pages:
-        measure(devices, (pages - 1) * page)  # one page fewer: the pool's margin
+    if pages is not None and below >= smallest_pages:
+        measure(devices, below * page, to_the_end=True)  # the largest pool that missed: the pool's margin
     return Plan(target, devices, pool, tuple(sorted(measured.values(), key=lambda p: (p.devices, p.pool_bytes))))
 
 
-def _fewest(ok: Callable[[int], bool], low: int, high: int) -> int | None:
-    """The smallest ``n`` in [low, high] with ``ok(n)``, by doubling from ``low`` then bisecting."""
+def _fewest(ok: Callable[[int], bool], low: int, high: int, precision: float = 0.0) -> tuple[int | None, int]:
+    """The smallest ``n`` in [low, high] with ``ok(n)``, by doubling from ``low`` then bisecting, and
+    the largest ``n`` tried below it that failed (``low - 1`` if none). With ``precision``, the
+    bisection stops once the two are within that share of the answer (or one) apart."""
     if high < low:
-        return None
+        return None, low - 1
     last_miss, n = low - 1, low
     while not ok(n):
         last_miss = n
         if n >= high:
-            return None
+            return None, last_miss
         n = min(high, max(n + 1, 2 * n))
     first_hit = n
-    while first_hit - last_miss > 1:
+    while first_hit - last_miss > max(1, math.floor(first_hit * precision)):
         middle = (first_hit + last_miss) // 2
         if ok(middle):
             first_hit = middle
         else:
             last_miss = middle
-    return first_hit
+    return first_hit, last_miss
 
 
-def _simulate(
+def _measure(
     policy: str,
     profiles: Sequence[ModelProfile],
     workload: Workload,
     config: SimulationConfig,
     arrivals: list[Arrival],
-    devices: int,
-    pool_bytes: int,
+    counted: int,
+    budget: int | None,
 ) -> PlanPoint:
-    run_config = replace(config, devices=devices, pool_bytes=pool_bytes)
-    report = simulate(policy, list(profiles), workload, run_config, arrivals).report
+    """Simulate one configuration; with ``budget``, stop once more requests than that have missed."""
+    result = simulate(policy, list(profiles), workload, config, arrivals, miss_budget=budget)
+    if result.stopped_after_misses:
+        bound = 1 - result.stopped_after_misses / max(counted, 1)
+        return PlanPoint(config.devices, config.pool_bytes, bound, None, None, None, counted, complete=False)
+    report = result.report
     return PlanPoint(
-        devices=devices,
-        pool_bytes=pool_bytes,
+        devices=config.devices,
+        pool_bytes=config.pool_bytes,
         attainment=report.slo_attainment,
         goodput_rps=report.goodput_rps,
         p99_ms=report.latency_ms.get("p99", float("nan")),

@@ -28,7 +28,7 @@ from mainspring.sim.cells import (
 )
 from mainspring.sim.collector import fewer_collections
 from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
-from mainspring.telemetry.recorder import Recorder
+from mainspring.telemetry.recorder import Recorder, RequestRow
 from mainspring.telemetry.report import RunReport, build_report
 from mainspring.time import NS_PER_MS, NS_PER_S
 from mainspring.worker.runtimes.emulated import EmulatedDevice, NoiseModel
@@ -84,6 +84,9 @@ class SimulationResult:
     end_ns: int
     labels: dict[int, str] = field(default_factory=dict)  # request id -> its workload part's label
     cells: CellsSummary | None = None  # with ``simulate(cells=...)``: each cell's controller core, the routing
+    # with ``simulate(miss_budget=...)``: the misses counted when the run stopped early (more than the
+    # budget; the report then covers only the window up to there), 0 if it ran to the end
+    stopped_after_misses: int = 0
 
 
 ProgressHook = Callable[[int], None]
@@ -148,6 +151,27 @@ class _Arrivals:
     def done(self) -> bool:
         return self.arrivals_done and self._followups == 0 and self.outstanding == 0
 
+    def answered(self) -> list[list[RequestRow]]:
+        """The rows of the requests answered so far (one list per recorder, each growing in order)."""
+        raise NotImplementedError
+
+
+class _MissCounter:
+    """Counts the counted requests that missed their SLO, reading only the rows added since last time."""
+
+    def __init__(self, counted_from_ns: int) -> None:
+        self._counted_from_ns = counted_from_ns
+        self._read: list[int] = []
+        self.missed = 0
+
+    def update(self, answered: list[list[RequestRow]]) -> int:
+        self._read += [0] * (len(answered) - len(self._read))
+        for index, rows in enumerate(answered):
+            new = rows[self._read[index] :]
+            self._read[index] = len(rows)
+            self.missed += sum(1 for r in new if r.arrival_ns >= self._counted_from_ns and not r.good)
+        return self.missed
+
 
 class _Run(_Arrivals):
     """Wires one controller, its devices and the arrivals onto one event loop."""
@@ -184,6 +208,9 @@ class _Run(_Arrivals):
 
     def submit(self, request: Request) -> None:
         self.controller.submit(request)
+
+    def answered(self) -> list[list[RequestRow]]:
+        return [self.recorder.requests]
 
     def shutdown(self, reason: str) -> None:
         self.controller.shutdown(reason)
@@ -263,6 +290,9 @@ class _CellsRun(_Arrivals):
     @property
     def outstanding(self) -> int:
         return sum(cell.outstanding for cell in self.cells)
+
+    def answered(self) -> list[list[RequestRow]]:
+        return [cell.recorder.requests for cell in self.cells]
 
     @property
     def policy_cpu_ns(self) -> int:
@@ -365,10 +395,13 @@ def simulate(
     wrap: SchedulerWrapper | None = None,
     settings: Mapping[str, object] | None = None,
     cells: CellsConfig | None = None,
+    miss_budget: int | None = None,
 ) -> SimulationResult:
     """Run ``policy`` on ``arrivals`` (default: generated from ``workload``) and report; ``settings``
     change the clockwork policy's defaults (``ClockworkConfig`` field: value). With ``cells``, the
-    devices are split into cells, each with a controller core whose CPU time is on the clock."""
+    devices are split into cells, each with a controller core whose CPU time is on the clock. With
+    ``miss_budget``, the run stops (checked every simulated second) once more counted requests than
+    that have missed their SLO: a search over configurations learns a miss without paying for it."""
     started = time.perf_counter()
     run: _Run | _CellsRun
     if cells is None:
@@ -379,12 +412,16 @@ def simulate(
     limit = config.arrival_window_ns + config.drain_ns
     step = NS_PER_S
     horizon = 0
+    misses = _MissCounter(config.warmup_ns)
+    stopped_after = 0
     with fewer_collections():
-        while not run.done() and horizon < limit:
+        while not run.done() and horizon < limit and not stopped_after:
             horizon = min(horizon + step, limit)
             run.loop.run(until_ns=horizon, stop=run.done)
             if progress is not None:
                 progress(min(run.loop.now_ns(), config.arrival_window_ns))
+            if miss_budget is not None and misses.update(run.answered()) > miss_budget:
+                stopped_after = misses.missed
     run.shutdown("the simulation ended before this request was answered")
     end = run.loop.now_ns()
     recorder = run.recorder if isinstance(run, _Run) else run.merged_recorder()
@@ -403,4 +440,4 @@ def simulate(
         policy_cpu_ns=run.policy_cpu_ns,
     )
     summary = run.summary() if isinstance(run, _CellsRun) else None
-    return SimulationResult(report, recorder, run.devices, end, run.labels, summary)
+    return SimulationResult(report, recorder, run.devices, end, run.labels, summary, stopped_after)

@@ -40,5 +40,10 @@ class Workload:
         """The next arrival caused by this answer (closed loop); None for open loops."""
         return None
 
+    @property
+    def closed_loop(self) -> bool:
+        """Whether answers cause further arrivals (``on_answer``): then ``arrivals`` is not all of them."""
+        return False
+
     def describe(self) -> str:
         return self.name

@@ -131,5 +131,9 @@ class Composition(Workload):
         slo = follow.slo_ns if follow.slo_ns is not None else part.slo_ns
         return Arrival(follow.time_ns, follow.model, slo, part.label)
 
+    @property
+    def closed_loop(self) -> bool:
+        return any(part.workload.closed_loop for part in self.parts)
+
     def describe(self) -> str:
         return " + ".join(f"{p.label}: {p.workload.describe()}" for p in self.parts)

@@ -131,6 +131,10 @@ class ClosedLoop(Workload):
         next_ns = answered_ns + s_to_ns(self.think_s if succeeded else max(self.think_s, self.backoff_s))
         return Arrival(next_ns, arrival.model, arrival.slo_ns, arrival.label) if next_ns < self._end_ns else None
 
+    @property
+    def closed_loop(self) -> bool:
+        return True
+
     def describe(self) -> str:
         return f"closed loop, {self.clients} clients x {self.outstanding} outstanding"
 
@@ -173,6 +177,10 @@ class SloSweep(Workload):
     def on_answer(self, arrival: Arrival, answered_ns: int, succeeded: bool) -> Arrival | None:
         follow = self.inner.on_answer(arrival, answered_ns, succeeded)
         return None if follow is None else self._with_slo(follow)  # a closed loop's next request: today's SLO
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.inner.closed_loop
 
     def describe(self) -> str:
         steps = f"x{self.growth:g} every {self.interval_s:g} s"

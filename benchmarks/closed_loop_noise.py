@@ -35,7 +35,7 @@ CPU_RESNET18 = ModelProfile(
     load_ns=ms_to_ns(36.0),
     exec_ns={1: ms_to_ns(9.8), 2: ms_to_ns(16.6), 4: ms_to_ns(23.5), 8: ms_to_ns(40.3)},
 )
-SHARED_CPU_NOISE = NoiseModel(jitter_sigma=0.15, spike_probability=0.05, spike_min_factor=1.5, spike_max_factor=3.5)
+SHARED_CPU_NOISE = NoiseModel.shared_cpu()
 
 
 def main() -> None:

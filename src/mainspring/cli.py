@@ -15,6 +15,7 @@ from mainspring.cli_plan import add_plan, run_plan
 from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
 from mainspring.cli_workload import (
     CliError,
+    add_noise_argument,
     add_workload_arguments,
     duration_s,
     prepare_outputs,
@@ -66,7 +67,7 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         help="serve this long before counting (every model starts cold); azure: whole minutes, the replay starts "
         "that much before --trace-start-minute (default 0)",
     )
-    p.add_argument("--noise", choices=("default", "exact"), default="default", help="duration noise model")
+    add_noise_argument(p)
     p.add_argument("--device-memory-gib", type=float, default=32.0, help="weight pool per device (default 32)")
     p.add_argument("--page-mib", type=int, default=16, help="page size (default 16 MiB)")
     p.add_argument(
@@ -125,7 +126,7 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
         page_bytes=args.page_mib * MIB,
         slo_ns=ms_to_ns(args.slo_ms),
         seed=args.seed,
-        noise=NoiseModel.exact() if args.noise == "exact" else NoiseModel(),
+        noise=NoiseModel.named(args.noise),
     )
 
 

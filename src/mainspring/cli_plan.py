@@ -13,7 +13,14 @@ from typing import Any
 
 from mainspring.cells.placement import CellCapacity, Placement, demand_of
 from mainspring.cells.placement import plan as place
-from mainspring.cli_workload import CliError, add_workload_arguments, duration_s, prepare_outputs, workload_from
+from mainspring.cli_workload import (
+    CliError,
+    add_noise_argument,
+    add_workload_arguments,
+    duration_s,
+    prepare_outputs,
+    workload_from,
+)
 from mainspring.models.profile import ModelProfile, model_copies
 from mainspring.models.repository import profiles_from
 from mainspring.protocol.pages import MIB
@@ -22,6 +29,7 @@ from mainspring.scheduler.registry import parse_policies
 from mainspring.sim.plan import Plan, PlanError, PlanPoint, plan
 from mainspring.sim.run import SimulationConfig, generate_arrivals
 from mainspring.time import ms_to_ns, s_to_ns
+from mainspring.worker.runtimes.emulated import NoiseModel
 
 GIB = 1024 * MIB
 CELL_DEVICES = 16  # a cell's devices at most (docs/sizing.md)
@@ -35,6 +43,10 @@ def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--profiles", type=Path, help="profile file or profiled model repository (default: Clockwork's V100 profiles)"
     )
     p.add_argument("--models", type=int, default=4026, help="model copies of the profiles (default 4026)")
+    p.add_argument(
+        "--device-kind", help="the device kind planned for, of those the profiles were measured on (default: theirs)"
+    )
+    add_noise_argument(p, "the devices'")
     add_workload_arguments(p, default="azure", rate=1000.0, trace_scale=10.0, azure_duration_s=60.0)
     p.add_argument("--attainment", type=float, default=99.9, help="target: percent within SLO (default 99.9)")
     p.add_argument("--max-devices", type=int, default=64, help="the most devices tried (default 64)")
@@ -63,7 +75,7 @@ def run_plan(args: argparse.Namespace) -> int:
     prepare_outputs({"--json": args.json, "--plot": args.plot}, {})
     slos = _numbers(args.what_if_slo, "--what-if-slo")
     scales = _numbers(args.what_if_scale, "--what-if-scale")
-    profiles = model_copies(profiles_from(args.profiles), args.models)
+    profiles = model_copies(_of_kind(profiles_from(args.profiles), args.device_kind), args.models)
     result, cells = _plan_once(args, profiles, policy, seconds, verbose=not args.quiet)
     print(summary(result))
     if cells:
@@ -90,6 +102,8 @@ def _plan_once(
         raise CliError(problem)
     config = SimulationConfig(
         duration_ns=s_to_ns(seconds),
+        device_kind=profiles[0].device_kind,
+        noise=NoiseModel.named(args.noise),
         pool_bytes=int(args.device_memory_gib * GIB) // (args.page_mib * MIB) * (args.page_mib * MIB),
         page_bytes=args.page_mib * MIB,
         slo_ns=ms_to_ns(args.slo_ms),
@@ -116,6 +130,17 @@ def placement(
     sizes = [devices // count + (1 if i < devices % count else 0) for i in range(count)]
     cells = [CellCapacity(i, n, n * pool_bytes) for i, n in enumerate(sizes)]
     return place(cells, [demand_of(p, arrivals.get(p.model, 0) / seconds) for p in profiles])
+
+
+def _of_kind(profiles: list[ModelProfile], kind: str | None) -> list[ModelProfile]:
+    """The profiles of one device kind: ``kind``, or the only one they have."""
+    kinds = sorted({p.device_kind for p in profiles})
+    if kind is None and len(kinds) > 1:
+        raise CliError(f"the profiles are of {len(kinds)} device kinds ({', '.join(kinds)}): choose with --device-kind")
+    chosen = [p for p in profiles if kind is None or p.device_kind == kind]
+    if not chosen:
+        raise CliError(f"--device-kind {kind}: no profile of that kind (the profiles are of {', '.join(kinds)})")
+    return chosen
 
 
 def _numbers(text: str, flag: str) -> list[float]:

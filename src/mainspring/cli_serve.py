@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mainspring.cli_workload import add_noise_argument
+
 
 def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("serve", help="run the server: KServe v2 HTTP + gRPC, controller, local workers")
@@ -68,8 +70,7 @@ def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "V100 profiles)")  # fmt: skip
     p.add_argument("--count", type=int, default=1, help="with --emulate: how many devices (default 1)")
     p.add_argument("--models", type=int, help="with --emulate: this many copies of the profiles, <model>-<i>")
-    p.add_argument("--noise", choices=("default", "exact"), default="default",
-                   help="with --emulate: the simulator's duration noise, or none")  # fmt: skip
+    add_noise_argument(p, "with --emulate:")
     p.add_argument("--pool-mib", type=int, help="weight pool in MiB (default: 2048 on cpu; a GPU's sized after "
                                                 "registration; 32 GiB emulated)")  # fmt: skip
     p.add_argument("--name", help="worker name (default host:pid)")
@@ -196,7 +197,7 @@ def _emulated_worker(args: argparse.Namespace) -> Callable[[Any], Any]:
                          "one worker emulates one kind")  # fmt: skip
     pool = args.pool_mib * MIB if args.pool_mib else DEFAULT_POOL_BYTES
     specs = [DeviceSpec(i, kinds[0], pool) for i in range(args.count)]
-    noise = NoiseModel.exact() if args.noise == "exact" else NoiseModel()
+    noise = NoiseModel.named(args.noise)
     by_name = {p.model: p for p in profiles}
     logging.getLogger(__name__).info("emulating %d %s device(s) serving %d models", args.count, kinds[0], len(by_name))
     return lambda sink: EmulatedWorker(specs, by_name, sink, noise)

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from mainspring.worker.runtimes.emulated import NOISE_MODELS
 from mainspring.workload import AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, SloSweep, Workload
 
 WORKLOADS = ("azure", "poisson", "bursty", "closed", "slo-sweep")
@@ -66,6 +67,16 @@ def add_workload_arguments(
     p.set_defaults(azure_duration_s=azure_duration_s)
     p.add_argument("--slo-ms", type=float, default=100.0, help="default SLO (default 100 ms)")
     p.add_argument("--seed", type=int, default=1)
+
+
+def add_noise_argument(p: argparse.ArgumentParser, what: str = "emulated devices'") -> None:
+    p.add_argument(
+        "--noise",
+        choices=NOISE_MODELS,
+        default="default",
+        help=f"{what} duration noise: the simulator's default (2%% jitter, rare spikes), exact, or a CPU shared "
+        "with other processes' (shared-cpu: 15%% jitter, 5%% of runs 1.5-3.5x; default: default)",
+    )
 
 
 def refuse_a_rate_past(limit: int, args: argparse.Namespace, seconds: float) -> None:

@@ -18,7 +18,7 @@ from mainspring.workload import ClosedLoop
 from tests.fakes import CPU_RESNET18
 
 # a tail like a CPU that shares its cores
-SHARED_CPU = NoiseModel(jitter_sigma=0.15, spike_probability=0.05, spike_min_factor=1.5, spike_max_factor=3.5)
+SHARED_CPU = NoiseModel.shared_cpu()
 
 
 def closed_loop(settings: dict[str, object] | None, policy: str = "clockwork") -> RunReport:

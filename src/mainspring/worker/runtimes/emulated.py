@@ -31,6 +31,7 @@ from mainspring.time import NS_PER_S, Timer
 from mainspring.worker.pages import PagePool
 
 ResultSink = Callable[[ActionResult], None]
+NOISE_MODELS = ("default", "exact", "shared-cpu")  # ``NoiseModel.named``'s names
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,21 @@ class NoiseModel:
     @classmethod
     def exact(cls) -> NoiseModel:
         return cls(jitter_sigma=0.0, spike_probability=0.0)
+
+    @classmethod
+    def shared_cpu(cls) -> NoiseModel:
+        """A CPU worker sharing its cores with a controller, a client and other tenants: fitted to live
+        runs on a 2-core machine (jitter sigma 0.11-0.16, 3-7% of runs 1.5-4x their median;
+        docs/benchmarks.md, "Live runs replayed in the simulator")."""
+        return cls(jitter_sigma=0.15, spike_probability=0.05, spike_min_factor=1.5, spike_max_factor=3.5)
+
+    @classmethod
+    def named(cls, name: str) -> NoiseModel:
+        """One of ``NOISE_MODELS``, by the name the command lines take."""
+        made: dict[str, Callable[[], NoiseModel]] = {"default": cls, "exact": cls.exact, "shared-cpu": cls.shared_cpu}
+        if name not in made:
+            raise ValueError(f"unknown noise model {name!r}; choose from {', '.join(NOISE_MODELS)}")
+        return made[name]()
 
     def apply(self, duration_ns: int, rng: random.Random) -> int:
         factor = 1.0

@@ -32,7 +32,7 @@ from mainspring.time import ms_to_ns, s_to_ns
 from mainspring.worker.runtimes.emulated import NoiseModel
 
 GIB = 1024 * MIB
-CELL_DEVICES = 16  # a cell's devices at most (docs/sizing.md)
+CELL_DEVICES = 16  # a cell's devices at most, by default: what one controller core keeps up with (docs/sizing.md)
 
 
 def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,6 +52,9 @@ def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--max-devices", type=int, default=64, help="the most devices tried (default 64)")
     p.add_argument("--device-memory-gib", type=float, default=32.0, help="the largest pool tried (default 32)")
     p.add_argument("--page-mib", type=int, default=16, help="page size (default 16 MiB)")
+    p.add_argument(
+        "--cell-devices", type=int, default=CELL_DEVICES, help=f"devices per cell at most (default {CELL_DEVICES})"
+    )
     p.add_argument("--policy", default="clockwork", help="the policy planned for (default clockwork)")
     p.add_argument("--what-if-slo", default="", help="comma-separated SLOs (ms) to plan for as well")
     p.add_argument("--what-if-scale", default="", help="comma-separated load multipliers to plan for as well (2,5)")
@@ -72,6 +75,8 @@ def run_plan(args: argparse.Namespace) -> int:
         raise CliError("--device-memory-gib and --page-mib must be positive")
     if args.models < 1:
         raise CliError(f"--models must be at least 1, got {args.models}")
+    if args.cell_devices < 1:
+        raise CliError(f"--cell-devices must be at least 1, got {args.cell_devices}")
     prepare_outputs({"--json": args.json, "--plot": args.plot}, {})
     slos = _numbers(args.what_if_slo, "--what-if-slo")
     scales = _numbers(args.what_if_scale, "--what-if-scale")
@@ -79,7 +84,8 @@ def run_plan(args: argparse.Namespace) -> int:
     result, cells = _plan_once(args, profiles, policy, seconds, verbose=not args.quiet)
     print(summary(result))
     if cells:
-        print(f"  cells: {len({c for placed in cells.values() for c in placed})} of at most {CELL_DEVICES} devices")
+        count = len({c for placed in cells.values() for c in placed})
+        print(f"  cells: {count} of at most {args.cell_devices} devices each (--json: which serve each model)")
     what_if = []
     for label, changed in [(f"SLO {v:g} ms", _with(args, slo_ms=v)) for v in slos] + [
         (f"load x{v:g}", _scaled(args, v)) for v in scales
@@ -118,18 +124,19 @@ def _plan_once(
     if result.devices is None or result.pool_bytes is None:
         return result, {}
     arrivals = Counter(a.model for a in generate_arrivals(workload, profiles, config))
-    return result, placement(profiles, arrivals, seconds, result.devices, result.pool_bytes)
+    rates = {model: count / seconds for model, count in arrivals.items()}
+    return result, placement(profiles, rates, result.devices, result.pool_bytes, args.cell_devices)
 
 
 def placement(
-    profiles: Sequence[ModelProfile], arrivals: Counter[str], seconds: float, devices: int, pool_bytes: int
+    profiles: Sequence[ModelProfile], rates: dict[str, float], devices: int, pool_bytes: int, cell_devices: int
 ) -> Placement:
-    """The cells of at most ``CELL_DEVICES`` that ``devices`` make, and which serve each model (the
-    cells' placement planner, on the rates the workload asked for)."""
-    count = math.ceil(devices / CELL_DEVICES)
+    """The cells of at most ``cell_devices`` that ``devices`` make, as even as can be, and which serve
+    each model (the cells' placement planner, on the rates the workload asked for)."""
+    count = math.ceil(devices / cell_devices)
     sizes = [devices // count + (1 if i < devices % count else 0) for i in range(count)]
     cells = [CellCapacity(i, n, n * pool_bytes) for i, n in enumerate(sizes)]
-    return place(cells, [demand_of(p, arrivals.get(p.model, 0) / seconds) for p in profiles])
+    return place(cells, [demand_of(p, rates.get(p.model, 0.0)) for p in profiles])
 
 
 def _of_kind(profiles: list[ModelProfile], kind: str | None) -> list[ModelProfile]:
@@ -198,7 +205,16 @@ def _plot(result: Plan, path: Path) -> None:
 
 
 def _print_point(point: PlanPoint) -> None:
-    print(f"  {point.devices:>3} devices, pool {point.pool_bytes / GIB:6.2f} GiB: {describe(point)}", flush=True)
+    print(f"  {_devices(point.devices):>11}, pool {_size(point.pool_bytes):>9}: {describe(point)}", flush=True)
+
+
+def _devices(count: int) -> str:
+    return f"{count} device" + ("" if count == 1 else "s")
+
+
+def _size(pool_bytes: int) -> str:
+    """A pool in MiB below a GiB (a page is 16 MiB by default), else in GiB."""
+    return f"{pool_bytes / MIB:.0f} MiB" if pool_bytes < GIB else f"{pool_bytes / GIB:.2f} GiB"
 
 
 def describe(point: PlanPoint) -> str:
@@ -220,16 +236,16 @@ def summary(result: Plan) -> str:
     chosen = result.point(result.devices, result.pool_bytes)
     assert chosen is not None
     lines = [
-        f"plan: {result.devices} devices with a {result.pool_bytes / GIB:.2f} GiB pool each (target {target}): "
+        f"plan: {_devices(result.devices)} with a {_size(result.pool_bytes)} pool each (target {target}): "
         + describe(chosen)
     ]
     full = max(p.pool_bytes for p in result.points)
     for devices in (result.devices - 1, result.devices + 1):
         point = result.point(devices, full)
         if point is not None:
-            lines.append(f"  margin: {devices} devices reach {point.attainment:.4%}")
+            lines.append(f"  margin: {_devices(devices)} reach {point.attainment:.4%}")
     smaller = [p for p in result.points if p.devices == result.devices and p.pool_bytes < result.pool_bytes]
     if smaller:
         point = max(smaller, key=lambda p: p.pool_bytes)
-        lines.append(f"  margin: a {point.pool_bytes / GIB:.2f} GiB pool reaches {point.attainment:.4%}")
+        lines.append(f"  margin: a {_size(point.pool_bytes)} pool reaches {point.attainment:.4%}")
     return "\n".join(lines)

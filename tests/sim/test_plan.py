@@ -97,6 +97,8 @@ def test_bad_inputs_get_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--workload", "poisson", "--slo-ms", "1"], "below every model's batch-1 time"),
         (["--workload", "poisson", "--attainment", "0"], "--attainment"),
         (["--workload", "poisson", "--policy", "clockwork,triton"], "one policy"),
+        (["--workload", "poisson", "--device-kind", "cpu"], "--device-kind cpu: no profile of that kind"),
+        (["--workload", "poisson", "--cell-devices", "0"], "--cell-devices must be at least 1"),
     ):
         with pytest.raises(SystemExit) as exited:
             main(["plan", "--models", "4", "--duration-s", "1", "--quiet", *argv])
@@ -108,11 +110,14 @@ def test_the_cli_writes_the_plan_its_placement_and_what_ifs(tmp_path: Path, caps
     out = tmp_path / "plan.json"
     argv = ["plan", "--workload", "poisson", "--rate", "600", "--models", "12", "--duration-s", "2", "--quiet"]
     argv += ["--max-devices", "4", "--what-if-scale", "2", "--what-if-slo", "200", "--json", str(out)]
-    argv += ["--plot", str(tmp_path / "plan.png")]
+    argv += ["--plot", str(tmp_path / "plan.png"), "--cell-devices", "1"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("plan: ") and "what if load x2: " in printed and "what if SLO 200 ms: " in printed
     document = json.loads(out.read_text())
     assert document["devices"] >= 1 and set(document["what_if"]) == {"load x2", "SLO 200 ms"}
-    assert len(document["placement"]) == 12 and all(cells == [0] for cells in document["placement"].values())
+    placement = document["placement"]  # a cell per device: every model served, by cells that exist
+    assert len(placement) == 12 and all(
+        cells and set(cells) <= set(range(document["devices"])) for cells in placement.values()
+    )
     assert (tmp_path / "plan.png").stat().st_size > 0

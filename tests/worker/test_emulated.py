@@ -136,3 +136,13 @@ def test_noise_is_seeded_and_multiplicative() -> None:
 def test_bad_noise_model_is_refused() -> None:
     with pytest.raises(ValueError, match="spike factors"):
         NoiseModel(spike_min_factor=3.0, spike_max_factor=2.0)
+
+
+def test_noise_models_are_named_as_the_command_lines_take_them() -> None:
+    assert NoiseModel.named("default") == NoiseModel() and NoiseModel.named("exact") == NoiseModel.exact()
+    shared = NoiseModel.named("shared-cpu")
+    rng = random.Random(5)
+    slow = sum(shared.apply(1_000_000, rng) > 1_400_000 for _ in range(20_000))
+    assert 800 < slow < 1_400  # 5% of runs spike to 1.5-3.5x, besides the wider jitter
+    with pytest.raises(ValueError, match="unknown noise model 'gpu'; choose from default, exact, shared-cpu"):
+        NoiseModel.named("gpu")

@@ -50,7 +50,7 @@ def test_simulate_writes_table_json_plots_and_logs(tmp_path: Path, capsys: pytes
         (["--duration-s", "-5"], "--duration-s must be positive"),
         (["--workload", "sine"], "unknown workload 'sine'"),
         (["--trace", "/nonexistent/trace.csv"], "does not exist"),
-        (["--models", "0"], "number of models must be positive"),
+        (["--models", "0"], "--models must be at least 1, got 0"),
         (["--warmup-s", "-1"], "--warmup-s must not be negative"),
         (["--warmup-s", "30", "--trace-start-minute", "5"], "must be whole minutes, got 30"),
         (["--warmup-s", "60"], "the trace has no minute before 0"),

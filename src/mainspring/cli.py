@@ -16,14 +16,15 @@ from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
 from mainspring.cli_workload import (
     CliError,
     add_noise_argument,
+    add_profile_arguments,
     add_workload_arguments,
     duration_s,
     prepare_outputs,
+    profiles_from_args,
     refuse_a_rate_past,
     workload_from,
 )
-from mainspring.models.profile import ModelProfile, model_copies
-from mainspring.models.repository import profiles_from
+from mainspring.models.profile import ModelProfile
 from mainspring.protocol.pages import MIB
 from mainspring.protocol.requests import slo_problem
 from mainspring.scheduler.registry import SETTABLE, clockwork_config, parse_policies, policy_names
@@ -55,10 +56,7 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         help="a clockwork policy setting, e.g. estimate_percentile=90 (repeatable; docs/scheduler.md)",
     )
     p.add_argument("--devices", type=int, default=6, help="emulated devices (default 6)")
-    p.add_argument("--models", type=int, default=4026, help="model copies of the profiles (default 4026)")
-    p.add_argument(
-        "--profiles", type=Path, help="profile file or profiled model repository (default: Clockwork's V100 profiles)"
-    )
+    add_profile_arguments(p)
     add_workload_arguments(p, default="azure", rate=1000.0, trace_scale=10.0, azure_duration_s=300.0)
     p.add_argument(
         "--warmup-s",
@@ -104,11 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _profiles(args: argparse.Namespace) -> list[ModelProfile]:
-    return model_copies(profiles_from(args.profiles), args.models)
-
-
-def _config(args: argparse.Namespace) -> SimulationConfig:
+def _config(args: argparse.Namespace, device_kind: str) -> SimulationConfig:
     seconds = duration_s(args)
     if seconds <= 0:
         raise CliError(f"--duration-s must be positive, got {seconds:g}")
@@ -122,6 +116,7 @@ def _config(args: argparse.Namespace) -> SimulationConfig:
         duration_ns=s_to_ns(seconds),
         warmup_ns=s_to_ns(args.warmup_s),
         devices=args.devices,
+        device_kind=device_kind,
         pool_bytes=int(args.device_memory_gib * 1024 * MIB),
         page_bytes=args.page_mib * MIB,
         slo_ns=ms_to_ns(args.slo_ms),
@@ -144,10 +139,10 @@ def _run_simulate(args: argparse.Namespace) -> int:
     if clockwork and not set(policies) & set(SETTABLE):
         raise CliError(f"--clockwork settings apply to policy clockwork, which --policy {args.policy} leaves out")
     clockwork_config(clockwork, "--clockwork")  # every setting checked before the first run
-    config = _config(args)
+    profiles = profiles_from_args(args)
+    config = _config(args, profiles[0].device_kind)
     cells = _cells(args)
     workload = workload_from(args)
-    profiles = _profiles(args)
     prepare_outputs({"--json": args.json}, {"--log-dir": args.log_dir, "--plot": args.plot})
     seconds = config.arrival_window_ns / NS_PER_S
     refuse_a_rate_past(MAX_ARRIVALS, args, seconds)  # at once, not after 2 GB

@@ -36,6 +36,13 @@ def add_profile(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--max-runs", type=int, default=400, help="most timed runs per batch size (default 400)")
     p.add_argument("--max-seconds", type=float, default=5.0, help="time budget per batch size (default 5 s)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--from-log",
+        type=Path,
+        metavar="DIR",
+        help="instead of measuring: recalibrate the stored profiles to a served run's medians (serve --log-dir DIR)",
+    )
+    p.add_argument("--run", help="with --from-log: the run's name (default: the last in DIR)")
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -74,6 +81,10 @@ def run_zoo(args: argparse.Namespace) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    if args.from_log is not None:
+        return _recalibrate(args)
+    if args.run is not None:
+        raise ModelsCliError("--run names a run of --from-log's logs; give --from-log too")
     from tqdm import tqdm
 
     from mainspring.models.errors import ModelLoadError
@@ -124,3 +135,36 @@ def run_profile(args: argparse.Namespace) -> int:
     print("\n".join(rows))
     print(f"profiles written into {args.repo}/<model>/<version>/profile.json")
     return 1 if failures else 0
+
+
+def _recalibrate(args: argparse.Namespace) -> int:
+    """``profile REPO --from-log DIR``: the stored profiles of the models the run served, rewritten
+    with the run's medians (``telemetry/served.py``)."""
+    from mainspring.models.repository import ModelRepository
+    from mainspring.telemetry.analyze import LogError, read_run, runs
+    from mainspring.telemetry.served import recalibrated, served_durations, slowdown_of
+
+    found = runs(args.from_log) if args.from_log.is_dir() else []
+    if not found:
+        raise ModelsCliError(f"--from-log {args.from_log}: no run logs (<run>-requests.tsv and <run>-actions.tsv)")
+    run = args.run or found[-1]
+    if run not in found:
+        raise ModelsCliError(f"--run {run}: not in {args.from_log}, which holds {', '.join(found)}")
+    try:
+        served = served_durations(read_run(args.from_log, run)[1].values())
+    except LogError as error:
+        raise ModelsCliError(str(error)) from None
+    repo = ModelRepository(args.repo)
+    profiles = [p for p in repo.all_profiles() if p.model in served and (not args.model or p.model in args.model)]
+    kinds = sorted({p.device_kind for p in profiles})
+    if len(kinds) != 1:
+        held = f"of {', '.join(kinds)}" if kinds else "none"
+        raise ModelsCliError(f"--from-log needs stored profiles of one device kind for the models {run} served: {held}")
+    slowdown = slowdown_of(profiles, served)
+    for old in profiles:
+        new = recalibrated(old, served[old.model], slowdown)
+        repo.write_profile(new)
+        cells = " ".join(f"b{b}={ns_to_ms(old.exec_ns[b]):.2f}->{ns_to_ms(ns):.2f}" for b, ns in new.exec_ns.items())
+        print(f"{old.model:<24} load {ns_to_ms(old.load_ns):.2f}->{ns_to_ms(new.load_ns):.2f} ms  exec ms: {cells}")
+    print(f"{len(profiles)} profile(s) recalibrated to run {run} (served {slowdown:.2f}x the profiled times)")
+    return 0

@@ -16,13 +16,14 @@ from mainspring.cells.placement import plan as place
 from mainspring.cli_workload import (
     CliError,
     add_noise_argument,
+    add_profile_arguments,
     add_workload_arguments,
     duration_s,
     prepare_outputs,
+    profiles_from_args,
     workload_from,
 )
-from mainspring.models.profile import ModelProfile, model_copies
-from mainspring.models.repository import profiles_from
+from mainspring.models.profile import ModelProfile
 from mainspring.protocol.pages import MIB
 from mainspring.protocol.requests import slo_problem
 from mainspring.scheduler.registry import parse_policies
@@ -39,13 +40,7 @@ def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p = commands.add_parser(
         "plan", help="the fewest devices, then the smallest pool, that meet an attainment target (simulated)"
     )
-    p.add_argument(
-        "--profiles", type=Path, help="profile file or profiled model repository (default: Clockwork's V100 profiles)"
-    )
-    p.add_argument("--models", type=int, default=4026, help="model copies of the profiles (default 4026)")
-    p.add_argument(
-        "--device-kind", help="the device kind planned for, of those the profiles were measured on (default: theirs)"
-    )
+    add_profile_arguments(p)
     add_noise_argument(p, "the devices'")
     add_workload_arguments(p, default="azure", rate=1000.0, trace_scale=10.0, azure_duration_s=60.0)
     p.add_argument("--attainment", type=float, default=99.9, help="target: percent within SLO (default 99.9)")
@@ -73,18 +68,17 @@ def run_plan(args: argparse.Namespace) -> int:
         raise CliError(f"--duration-s must be positive, got {seconds:g}")
     if args.device_memory_gib <= 0 or args.page_mib <= 0:
         raise CliError("--device-memory-gib and --page-mib must be positive")
-    if args.models < 1:
-        raise CliError(f"--models must be at least 1, got {args.models}")
     if args.cell_devices < 1:
         raise CliError(f"--cell-devices must be at least 1, got {args.cell_devices}")
     prepare_outputs({"--json": args.json, "--plot": args.plot}, {})
     slos = _numbers(args.what_if_slo, "--what-if-slo")
     scales = _numbers(args.what_if_scale, "--what-if-scale")
-    profiles = model_copies(_of_kind(profiles_from(args.profiles), args.device_kind), args.models)
+    profiles = profiles_from_args(args)
     result, cells = _plan_once(args, profiles, policy, seconds, verbose=not args.quiet)
     print(summary(result))
     if cells:
-        count = len({c for placed in cells.values() for c in placed})
+        assert result.devices is not None
+        count = math.ceil(result.devices / args.cell_devices)
         print(f"  cells: {count} of at most {args.cell_devices} devices each (--json: which serve each model)")
     what_if = []
     for label, changed in [(f"SLO {v:g} ms", _with(args, slo_ms=v)) for v in slos] + [
@@ -139,17 +133,6 @@ def placement(
     return place(cells, [demand_of(p, rates.get(p.model, 0.0)) for p in profiles])
 
 
-def _of_kind(profiles: list[ModelProfile], kind: str | None) -> list[ModelProfile]:
-    """The profiles of one device kind: ``kind``, or the only one they have."""
-    kinds = sorted({p.device_kind for p in profiles})
-    if kind is None and len(kinds) > 1:
-        raise CliError(f"the profiles are of {len(kinds)} device kinds ({', '.join(kinds)}): choose with --device-kind")
-    chosen = [p for p in profiles if kind is None or p.device_kind == kind]
-    if not chosen:
-        raise CliError(f"--device-kind {kind}: no profile of that kind (the profiles are of {', '.join(kinds)})")
-    return chosen
-
-
 def _numbers(text: str, flag: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
@@ -196,9 +179,11 @@ def _plot(result: Plan, path: Path) -> None:
                 axis.plot(*zip(*chosen, strict=True), label=label, **style)
         axis.axhline(result.target, linestyle=":", color="grey")
         axis.set_ylabel("within SLO")
-        axis.legend(loc="lower right")
+        if points:
+            axis.legend(loc="lower right")
     left.set_xlabel(f"devices (pool {full / GIB:g} GiB each)")
-    right.set_xlabel(f"pool per device (GiB), {result.devices} devices")
+    planned = "no plan" if result.devices is None else _devices(result.devices)
+    right.set_xlabel(f"pool per device (GiB), {planned}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -228,7 +213,8 @@ def describe(point: PlanPoint) -> str:
 
 
 def summary(result: Plan) -> str:
-    """The answer, with its margin: the attainment one device fewer and one more, and one page fewer."""
+    """The answer, with its margin: the attainment one device fewer and one more, and with the largest
+    pool that missed."""
     target = f"{result.target:.4%}"
     if result.devices is None or result.pool_bytes is None:
         best = max(result.points, key=lambda p: (p.complete, p.attainment))

@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from mainspring.models.profile import ModelProfile, model_copies
+from mainspring.models.repository import profiles_from
 from mainspring.worker.runtimes.emulated import NOISE_MODELS
 from mainspring.workload import AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, SloSweep, Workload
 
@@ -67,6 +69,35 @@ def add_workload_arguments(
     p.set_defaults(azure_duration_s=azure_duration_s)
     p.add_argument("--slo-ms", type=float, default=100.0, help="default SLO (default 100 ms)")
     p.add_argument("--seed", type=int, default=1)
+
+
+def add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--profiles", type=Path, help="profile file or profiled model repository (default: Clockwork's V100 profiles)"
+    )
+    p.add_argument("--models", type=int, default=4026, help="model copies of the profiles (default 4026)")
+    p.add_argument(
+        "--device-kind", help="the device kind emulated, of those the profiles were measured on (default: theirs)"
+    )
+
+
+def profiles_from_args(args: argparse.Namespace) -> list[ModelProfile]:
+    """``--models`` copies of the ``--profiles`` of one device kind: ``--device-kind``, or the only one they have."""
+    if args.models < 1:
+        raise CliError(f"--models must be at least 1, got {args.models}")
+    try:
+        profiles = profiles_from(args.profiles)
+    except ValueError as error:
+        raise CliError(f"--profiles: {error}") from None
+    kinds = sorted({p.device_kind for p in profiles})
+    if args.device_kind is None and len(kinds) > 1:
+        raise CliError(f"the profiles are of {len(kinds)} device kinds ({', '.join(kinds)}): choose with --device-kind")
+    chosen = [p for p in profiles if args.device_kind is None or p.device_kind == args.device_kind]
+    if not chosen:
+        raise CliError(
+            f"--device-kind {args.device_kind}: no profile of that kind (the profiles are of {', '.join(kinds)})"
+        )
+    return model_copies(chosen, args.models)
 
 
 def add_noise_argument(p: argparse.ArgumentParser, what: str = "emulated devices'") -> None:

@@ -9,10 +9,10 @@ import pytest
 
 from mainspring.cli import main
 from mainspring.models.profile import builtin_profiles, model_copies
-from mainspring.sim.plan import PlanError, _fewest, plan
+from mainspring.sim.plan import PlanError, _fewest, _misses_allowed, plan
 from mainspring.sim.run import SimulationConfig, generate_arrivals, simulate
 from mainspring.time import NS_PER_S
-from mainspring.workload import PoissonOpenLoop
+from mainspring.workload import ClosedLoop, PoissonOpenLoop
 
 RESNET50 = [p for p in builtin_profiles() if p.model == "resnet50_v2"]
 
@@ -64,6 +64,22 @@ def test_a_target_no_device_count_reaches_says_so() -> None:
     assert result.devices is None and result.pool_bytes is None
     best = result.point(1, config.pool_bytes)
     assert best is not None and best.complete and best.attainment < 0.999  # the best there is, in full
+
+
+def test_the_miss_budget_is_the_most_misses_that_still_meet_the_target() -> None:
+    for counted in (1, 7, 1000, 58_123, 1_000_000):
+        for target in (0.5, 0.9, 0.96, 0.999, 0.9999, 1.0):
+            allowed = _misses_allowed(counted, target)
+            assert (counted - allowed) / counted >= target or allowed == 0
+            assert allowed == counted or (counted - allowed - 1) / counted < target
+
+
+def test_a_closed_loop_runs_every_candidate_to_the_end() -> None:
+    models = model_copies(RESNET50, 8)
+    config = SimulationConfig(duration_ns=NS_PER_S, seed=1)
+    result = plan(models, ClosedLoop(64), config, 0.999, max_devices=2)
+    assert ClosedLoop(1).closed_loop and not PoissonOpenLoop(1.0).closed_loop
+    assert result.points and all(p.complete for p in result.points)
 
 
 def test_a_run_stops_once_it_has_missed_more_than_its_budget_and_not_before() -> None:

@@ -90,7 +90,7 @@ def plan(
         raise PlanError("the workload has no requests in the window: nothing to plan for (--duration-s, --rate)")
     measured: dict[tuple[int, int], PlanPoint] = {}
     counted = sum(1 for a in arrivals if a.time_ns >= config.warmup_ns)
-    budget = None if workload.closed_loop else math.floor((1 - target) * counted + 1e-9)
+    budget = None if workload.closed_loop else _misses_allowed(counted, target)
 
     def measure(devices: int, pool_bytes: int, to_the_end: bool = False) -> PlanPoint:
         key = (devices, pool_bytes)
@@ -120,6 +120,17 @@ def plan(
     if pages is not None and below >= smallest_pages:
         measure(devices, below * page, to_the_end=True)  # the largest pool that missed: the pool's margin
     return Plan(target, devices, pool, tuple(sorted(measured.values(), key=lambda p: (p.devices, p.pool_bytes))))
+
+
+def _misses_allowed(counted: int, target: float) -> int:
+    """The most misses among ``counted`` requests that still meet ``target``, by the same division
+    ``PlanPoint.meets`` makes (a product alone can round the other way at the edge)."""
+    allowed = math.floor((1 - target) * counted)
+    while allowed < counted and (counted - allowed - 1) / counted >= target:
+        allowed += 1
+    while allowed > 0 and (counted - allowed) / counted < target:
+        allowed -= 1
+    return allowed
 
 
 def _fewest(ok: Callable[[int], bool], low: int, high: int, precision: float = 0.0) -> tuple[int | None, int]:

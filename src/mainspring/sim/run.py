@@ -402,6 +402,8 @@ def simulate(
     devices are split into cells, each with a controller core whose CPU time is on the clock. With
     ``miss_budget``, the run stops (checked every simulated second) once more counted requests than
     that have missed their SLO: a search over configurations learns a miss without paying for it."""
+    if miss_budget is not None and miss_budget < 0:
+        raise ValueError(f"miss_budget must not be negative, got {miss_budget}")
     started = time.perf_counter()
     run: _Run | _CellsRun
     if cells is None:
@@ -420,7 +422,8 @@ def simulate(
             run.loop.run(until_ns=horizon, stop=run.done)
             if progress is not None:
                 progress(min(run.loop.now_ns(), config.arrival_window_ns))
-            if miss_budget is not None and misses.update(run.answered()) > miss_budget:
+            finished = run.done() or horizon >= limit
+            if miss_budget is not None and not finished and misses.update(run.answered()) > miss_budget:
                 stopped_after = misses.missed
     run.shutdown("the simulation ended before this request was answered")
     end = run.loop.now_ns()

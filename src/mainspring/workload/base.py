@@ -42,8 +42,9 @@ class Workload:
 
     @property
     def closed_loop(self) -> bool:
-        """Whether answers cause further arrivals (``on_answer``): then ``arrivals`` is not all of them."""
-        return False
+        """Whether answers cause further arrivals (``on_answer``): then ``arrivals`` is not all of them.
+        A workload that overrides ``on_answer`` is taken to be closed unless it says otherwise."""
+        return type(self).on_answer is not Workload.on_answer
 
     def describe(self) -> str:
         return self.name

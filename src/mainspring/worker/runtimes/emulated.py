@@ -31,7 +31,6 @@ from mainspring.time import NS_PER_S, Timer
 from mainspring.worker.pages import PagePool
 
 ResultSink = Callable[[ActionResult], None]
-NOISE_MODELS = ("default", "exact", "shared-cpu")  # ``NoiseModel.named``'s names
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,9 @@ class NoiseModel:
     @classmethod
     def named(cls, name: str) -> NoiseModel:
         """One of ``NOISE_MODELS``, by the name the command lines take."""
-        made: dict[str, Callable[[], NoiseModel]] = {"default": cls, "exact": cls.exact, "shared-cpu": cls.shared_cpu}
-        if name not in made:
+        if name not in _NAMED_NOISE:
             raise ValueError(f"unknown noise model {name!r}; choose from {', '.join(NOISE_MODELS)}")
-        return made[name]()
+        return _NAMED_NOISE[name]()
 
     def apply(self, duration_ns: int, rng: random.Random) -> int:
         factor = 1.0
@@ -75,6 +73,14 @@ class NoiseModel:
         if self.spike_probability and rng.random() < self.spike_probability:
             factor *= rng.uniform(self.spike_min_factor, self.spike_max_factor)
         return max(1, round(duration_ns * factor))
+
+
+_NAMED_NOISE: dict[str, Callable[[], NoiseModel]] = {
+    "default": NoiseModel,
+    "exact": NoiseModel.exact,
+    "shared-cpu": NoiseModel.shared_cpu,
+}
+NOISE_MODELS = tuple(_NAMED_NOISE)  # ``NoiseModel.named``'s names, as the command lines take them
 
 
 class _Lane:

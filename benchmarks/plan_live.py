@@ -45,6 +45,7 @@ from tests.serving.processes import ServerProcess  # noqa: E402
 from mainspring.models.repository import ModelRepository  # noqa: E402
 from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB  # noqa: E402
 from mainspring.telemetry.analyze import read_run, runs  # noqa: E402
+from mainspring.telemetry.served import served_durations  # noqa: E402
 from scenarios import build_repo  # noqa: E402
 
 OUT = ROOT / "out" / "plan_live"
@@ -109,13 +110,14 @@ def serve_and_bench(repo: Path, pool_mib: int, rate: float, seconds: float, seed
 
 
 def live_batch_ms(logs: Path) -> dict[int, float]:
-    """The worker's median duration of each batch size it ran, from the server's action log: what
-    the profile's quiet-process times became with the controller and the client on the same cores."""
+    """The worker's median duration of each batch size it ran, over every model, from the server's
+    action log: what the profile's quiet-process times became with the controller and the client on
+    the same cores."""
     by_size: dict[int, list[int]] = collections.defaultdict(list)
     for run in runs(logs):
-        for action in read_run(logs, run)[1].values():
-            if action["kind"] == "infer" and action["status"] == "ok":
-                by_size[int(action["batch_size"])].append(int(action["end_ns"]) - int(action["begin_ns"]))
+        for served in served_durations(read_run(logs, run)[1].values()).values():
+            for size, took in served.infers.items():
+                by_size[size] += took
     return {size: round(statistics.median(took) / 1e6, 1) for size, took in sorted(by_size.items())}
 
 

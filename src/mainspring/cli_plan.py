@@ -8,6 +8,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,11 @@ from mainspring.cli_workload import (
     workload_from,
 )
 from mainspring.models.profile import ModelProfile
+from mainspring.protocol.devices import DeviceSpec
 from mainspring.protocol.pages import MIB
 from mainspring.protocol.requests import slo_problem
 from mainspring.scheduler.registry import parse_policies
+from mainspring.sim.cells import split_devices
 from mainspring.sim.plan import Plan, PlanError, PlanPoint, plan
 from mainspring.sim.run import SimulationConfig, generate_arrivals
 from mainspring.time import ms_to_ns, s_to_ns
@@ -110,26 +113,27 @@ def _plan_once(
         seed=args.seed,
     )
     workload = workload_from(args)
+    arrivals = generate_arrivals(workload, profiles, config)
     try:
         result = plan(profiles, workload, config, args.attainment / 100, args.max_devices, policy,
-                      _print_point if verbose else None)  # fmt: skip
+                      _print_point if verbose else None, arrivals)  # fmt: skip
     except PlanError as error:
         raise CliError(str(error)) from None
     if result.devices is None or result.pool_bytes is None:
         return result, {}
-    arrivals = Counter(a.model for a in generate_arrivals(workload, profiles, config))
-    rates = {model: count / seconds for model, count in arrivals.items()}
-    return result, placement(profiles, rates, result.devices, result.pool_bytes, args.cell_devices)
+    rates = {model: count / seconds for model, count in Counter(a.model for a in arrivals).items()}
+    specs = replace(config, devices=result.devices, pool_bytes=result.pool_bytes).device_specs()
+    return result, placement(profiles, rates, specs, args.cell_devices)
 
 
 def placement(
-    profiles: Sequence[ModelProfile], rates: dict[str, float], devices: int, pool_bytes: int, cell_devices: int
+    profiles: Sequence[ModelProfile], rates: dict[str, float], specs: list[DeviceSpec], cell_devices: int
 ) -> Placement:
-    """The cells of at most ``cell_devices`` that ``devices`` make, as even as can be, and which serve
-    each model (the cells' placement planner, on the rates the workload asked for)."""
-    count = math.ceil(devices / cell_devices)
-    sizes = [devices // count + (1 if i < devices % count else 0) for i in range(count)]
-    cells = [CellCapacity(i, n, n * pool_bytes) for i, n in enumerate(sizes)]
+    """The cells of at most ``cell_devices`` that the devices make, as even as can be (as ``simulate
+    --cells`` splits them), and which serve each model (the cells' placement planner, on the rates the
+    workload asked for)."""
+    groups = split_devices(specs, math.ceil(len(specs) / cell_devices))
+    cells = [CellCapacity(i, len(g), sum(s.pool_bytes for s in g)) for i, g in enumerate(groups)]
     return place(cells, [demand_of(p, rates.get(p.model, 0.0)) for p in profiles])
 
 

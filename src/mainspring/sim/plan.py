@@ -81,11 +81,14 @@ def plan(
     max_devices: int,
     policy: str = "clockwork",
     progress: Progress | None = None,
+    arrivals: list[Arrival] | None = None,
 ) -> Plan:
     """The fewest devices (up to ``max_devices``) of ``config``'s pool that reach ``target`` attainment
-    on ``workload``, then the smallest pool (in pages) that still does on that many devices."""
+    on ``workload``, then the smallest pool (in pages) that still does on that many devices; every
+    candidate replays ``arrivals`` (default: generated from ``workload``)."""
     _check(profiles, config, target, max_devices)
-    arrivals = generate_arrivals(workload, profiles, config)
+    if arrivals is None:
+        arrivals = generate_arrivals(workload, profiles, config)
     if not arrivals:
         raise PlanError("the workload has no requests in the window: nothing to plan for (--duration-s, --rate)")
     measured: dict[tuple[int, int], PlanPoint] = {}

@@ -63,7 +63,7 @@ class RayCells:
         self._addresses: list[str] = []  # each cell's node
         self._departed: list[bool] = []
         self._lock = threading.Lock()
-        self._port = CellsPort("main", [], [], secret=config.worker_secret)
+        self._port = CellsPort("main", [], [], secret=config.worker_secret, settles=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._placer: RayPlacer | None = None
 

@@ -64,13 +64,14 @@ class Cells:
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
-        if config.workers == "local" and len(config.device_list()) < config.cells:
-            raise RuntimeError(f"cells={config.cells} needs a device per cell; devices are {config.device_list()} "
-                               "(several cells may share a CPU: devices = \"cpu,cpu\")")  # fmt: skip
+        if config.workers == "local" and len(devices := config.device_list()) < config.cells:
+            # a usage error (exit 2, one line), found before any process starts
+            raise ValueError(f"--cells {config.cells} needs a device per cell, and --devices gives {len(devices)} "
+                             f"({','.join(devices)}); several cells may share a CPU: --devices cpu,cpu")  # fmt: skip
         self._dir = tempfile.TemporaryDirectory(prefix="mainspring-cells-")
         self._endpoints = [f"ipc://{self._dir.name}/cell-{i}" for i in range(config.cells)]
         self._signals = [f"ipc://{self._dir.name}/cell-{i}-signal" for i in range(config.cells)]
-        self._port = CellsPort("main", self._endpoints, self._signals)
+        self._port = CellsPort("main", self._endpoints, self._signals, settles=True)
         self._processes: list[LocalWorker] = []
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -100,21 +101,31 @@ class Cells:
             command = [sys.executable, "-m", "mainspring.serve_cells", msgspec.json.encode(spec).decode()]
             self._processes.append(LocalWorker(f"cell-{index}", command, subprocess.Popen(command, env=self._env())))
         started = asyncio.create_task(self._port.start(config.join_timeout_s))
-        while not started.done():
-            if any(p.process.poll() is not None for p in self._processes):
-                started.cancel()
-                raise RuntimeError("a cell process exited during start-up (see its log above)")
-            await asyncio.sleep(0.05)
+        try:
+            while not started.done():
+                if any(p.process.poll() is not None for p in self._processes):
+                    raise RuntimeError("a cell process exited during start-up (see its log above)")
+                await asyncio.sleep(0.05)
+        finally:
+            started.cancel()  # a failure, or a stop asked meanwhile (the start is cancelled)
         await started
         await self._wait_for_devices()
         self._supervisor = asyncio.create_task(self._supervise())
         log.info("%d cells ready: %s device(s)", config.cells, [c.device_count for c in self._port.cells])
 
     async def _wait_for_devices(self) -> None:
-        deadline = time.monotonic() + self.config.join_timeout_s
-        while any(cell.device_count == 0 for cell in self._port.cells):
+        config = self.config
+        deadline = time.monotonic() + config.join_timeout_s
+        said = False
+        while waiting := [i for i, cell in enumerate(self._port.cells) if cell.device_count == 0]:
+            where = (f"their workers join on ports {[config.worker_port + i for i in waiting]}"
+                     if config.workers == "tcp" else "their local workers are loading models")  # fmt: skip
             if time.monotonic() > deadline:
-                raise RuntimeError(f"a cell has no device after {self.config.join_timeout_s:.0f} s")
+                raise RuntimeError(f"cells {waiting} have no device after {config.join_timeout_s:.0f} s ({where})")
+            if not said:
+                log.info("waiting up to %.0f s for cells %s to have a device (%s)", config.join_timeout_s, waiting,
+                         where)  # fmt: skip
+                said = True
             await self._port.refresh()
             await asyncio.sleep(0.1)
 

@@ -28,6 +28,8 @@ from mainspring.transport.links import WorkerHandle
 
 log = logging.getLogger("mainspring.controller.service")  # its lines read as the service's, as before
 
+UNLOADED = "unloaded"  # why a model unloaded through the API is not served (Triton's reason in the index)
+
 
 class LifecycleHost(Protocol):
     """What the model lifecycle needs of the service around it."""
@@ -152,6 +154,7 @@ class ModelLifecycle:
                 self.unloading.discard(model)
             del self.models[model]
             self._unloaded.add(model)
+            self.load_errors[model] = UNLOADED  # a model a worker announced can be loaded back (not in the folder)
             self._host.update_gauges()
             await self._retire(served.key, timeout_s)
 

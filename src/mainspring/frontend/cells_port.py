@@ -6,8 +6,9 @@ placement only decides where requests go: the planner (``placement.py``) gives e
 from the demand this frontend measured, re-planned every few seconds; among a model's cells the
 router (``routing.py``) picks the one whose load signal says a batch of one ends first. A cell whose
 signal has not come for ``STALE_S`` is taken as gone: its models go to the others, which can serve
-them at once (the price is a cold load). A load, reload or unload goes to every cell; statistics
-add up over the cells; the metrics get a ``cell`` label; the live page shows every cell's devices.
+them at once (the price is a cold load). A load, reload or unload goes to every cell that is up; one
+that was down gets it when it returns, before it serves again (``cells_settle.py``); statistics add up
+over the cells; the metrics get a ``cell`` label; the live page shows every cell's devices.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 from mainspring.cells.placement import CellCapacity, Placement, PlacementConfig, demand_of, plan
 from mainspring.cells.routing import CellSignal, Costs, Router, routing_costs
 from mainspring.cells.wire import SignalSubscriber
+from mainspring.frontend.cells_metrics import merge_expositions, merged_timeline, summed_statistics
+from mainspring.frontend.cells_settle import LOAD, RELOAD, UNLOAD, Change, Models, agrees, differences
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.frontend.remote import RemoteController
 from mainspring.protocol.pages import DEFAULT_POOL_BYTES
@@ -39,7 +42,6 @@ STALE_S = 1.0  # a cell silent this long is taken as gone
 REPLAN_S = (0.25, 2.0)  # the first re-plan, and the longest interval between re-plans (doubling)
 LISTED_JOIN_S = 10.0  # a frontend process waits this long at most for the cells listed at its start
 HANDOVER_S = 1.0  # a model that moves is served by its old and new cells this long (the new one warms it)
-DEVICE_ID_STRIDE = 1000  # the live page shows cell i's device d as i * this + d
 
 
 class CellsPort:
@@ -59,8 +61,10 @@ class CellsPort:
         placement: PlacementConfig | None = None,
         secret: str = "",
         cells_file: str = "",
+        settles: bool = False,
     ) -> None:
         self._name = name
+        self._settles = settles  # applies what a returning cell missed (the server's port; not a frontend process's)
         self._secret = secret  # the worker secret guards the cells' channels where they are TCP ports (Ray)
         self.cells = [RemoteController(endpoint, f"{name}/cell-{i}", secret) for i, endpoint in enumerate(endpoints)]
         self._cells_file = Path(cells_file) if cells_file else None  # cells added later, listed by the server
@@ -74,6 +78,8 @@ class CellsPort:
         self._dead: set[int] = set()
         self._departed: set[int] = set()  # gone for good (its Ray node left): dead, and counted nowhere
         self._rejoining: set[int] = set()
+        self._settling: set[int] = set()  # back from a restart, or joined late: serves only as its peers do
+        self._changing: dict[str, asyncio.Lock] = {}  # one repository change of a model at a time
         self.placement: Placement = {}
         self._handover: dict[str, tuple[float, tuple[int, ...]]] = {}  # model -> (until, old and new cells)
         self._arrivals: Counter[str] = Counter()
@@ -108,6 +114,7 @@ class CellsPort:
         self.cells.append(RemoteController(endpoint, f"{self._name}/cell-{index}", self._secret))
         self._subscriber.add(signal_endpoint)
         self._spawn(self._join(index))
+        self._begin_settling(index)  # it may miss a change made before it joined
         return index
 
     async def _join(self, index: int) -> None:
@@ -142,6 +149,7 @@ class CellsPort:
         capacity count no more."""
         self.dead(index, why)
         self._departed.add(index)
+        self._settling.discard(index)
 
     def _present(self) -> list[RemoteController]:
         """Every cell but the departed ones."""
@@ -163,6 +171,7 @@ class CellsPort:
         if index in self._dead:
             return
         self._dead.add(index)
+        self._begin_settling(index)
         failed = self.cells[index].fail_waiting(f"cell {index}'s controller is gone ({why})")
         if index not in self._rejoining:  # a rejoin under way replaces the socket itself
             self._spawn(self.cells[index].disconnect())
@@ -208,6 +217,62 @@ class CellsPort:
             log.info("cell %d is back, with %d device(s)", index, self.cells[index].device_count)
         finally:
             self._rejoining.discard(index)
+
+    # --- a cell that returns: in line with the others before it serves (``cells_settle.py``) ------------
+    def _begin_settling(self, index: int) -> None:
+        if index not in self._settling and index not in self._departed:
+            self._settling.add(index)
+            self._spawn(self._settle(index))
+
+    def _settled_models(self, index: int) -> list[Models]:
+        """What the settled cells other than ``index`` serve (up, joined, not settling themselves)."""
+        return [cell.models for i, cell in enumerate(self.cells)
+                if i != index and cell.joined and i not in self._dead and i not in self._settling]  # fmt: skip
+
+    def _serves(self, index: int, model: str) -> bool:
+        """Cell ``index`` is up and serves ``model`` (a settling cell: as its settled peers do)."""
+        own = self.cells[index].models
+        if index in self._dead or model not in own:
+            return False
+        return index not in self._settling or agrees(model, own, self._settled_models(index))
+
+    async def _settle(self, index: int, period_s: float = 0.1) -> None:
+        """Until cell ``index`` (up, with devices: its workers' models known) serves what its settled peers
+        serve; the server's port makes each change it needs once per run of the cell."""
+        tried: set[tuple[int, Change]] = set()
+        while index in self._settling:
+            cell = self.cells[index]
+            if index not in self._dead and cell.joined and cell.device_count > 0:
+                peers = self._settled_models(index)
+                changes = differences(cell.models, peers) if peers else []
+                if not changes:
+                    self._settling.discard(index)
+                    log.info("cell %d serves what the other cells serve: all its models take requests", index)
+                    return
+                run = self._incarnation.get(index, 0)
+                for change in [c for c in changes if (run, c) not in tried] if self._settles else []:
+                    tried.add((run, change))
+                    await self._catch_up(index, change)
+            await asyncio.sleep(period_s)
+
+    async def _catch_up(self, index: int, change: Change) -> None:
+        """Make on cell ``index`` a change the other cells had while it was down (if still wanted)."""
+        what, model = change
+        calls: dict[str, CellCall] = {
+            LOAD: lambda cell: cell.load_model(model),
+            RELOAD: lambda cell: cell.reload_model(model),
+            UNLOAD: lambda cell: cell.unload_model(model),
+        }
+        async with self._changing.setdefault(model, asyncio.Lock()):
+            if change not in differences(self.cells[index].models, self._settled_models(index)):
+                return  # a change through the API reached it meanwhile
+            try:
+                await self._on_cell(index, calls[what])
+            except ServiceError as error:
+                log.warning("cell %d: the %s of %s it missed while down failed (it serves %s only as the "
+                            "others do): %s", index, what, model, model, error)  # fmt: skip
+            else:
+                log.info("cell %d: the %s of %s made while it was down is done there too", index, what, model)
 
     def live_cells(self) -> list[int]:
         """Cells neither dead nor silent (their signal came within ``STALE_S``)."""
@@ -277,8 +342,7 @@ class CellsPort:
         cell serves nothing until its workers are back); else any reachable cell that serves it (a
         frontend that has heard no signal yet); else every cell still there."""
         cells = self.cells
-        serving = [c for c in range(len(cells))
-                   if c not in self._dead and model in cells[c].models and cells[c].device_count > 0]  # fmt: skip
+        serving = [c for c in range(len(cells)) if cells[c].device_count > 0 and self._serves(c, model)]
         live = set(self.live_cells())
         able = [c for c in serving if c in live]
         handover = self._handover.get(model)
@@ -289,15 +353,17 @@ class CellsPort:
     # --- ControllerPort ---------------------------------------------------------------------------
     @property
     def models(self) -> Mapping[str, ServedModel]:
+        """What the cells that are up serve (what a request can reach: ready agrees with infer)."""
         merged: dict[str, ServedModel] = {}
-        for cell in self._present():
+        for index, cell in enumerate(self.cells):
             for name, served in cell.models.items():
-                merged.setdefault(name, served)
+                if name not in merged and self._serves(index, name):
+                    merged[name] = served
         return merged
 
     @property
     def device_count(self) -> int:
-        return sum(cell.device_count for cell in self._present())
+        return sum(cell.device_count for index, cell in enumerate(self.cells) if index not in self._dead)
 
     @property
     def accepting(self) -> bool:
@@ -357,15 +423,25 @@ class CellsPort:
 
     async def _everywhere(self, call: CellCall, what: str, model: str) -> None:
         """Every reachable cell's call runs to its end; the first failure is raised after (a cell that
-        failed keeps what it had, as one controller does). A dead cell misses it: a restarted cell
-        serves what its repository and workers say."""
-        reachable = self._reachable_indices()
-        if len(reachable) < len(self._present()):
-            log.warning("%s of %s reaches %d of %d cells (the others are restarting)", what, model, len(reachable),
-                        len(self._present()))  # fmt: skip
-        results = await asyncio.gather(*(self._on_cell(i, call) for i in reachable), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
+        failed keeps what it had, as one controller does). A cell that is down (or dies during the call)
+        gets the change when it returns, before it serves again (``_settle``); with no cell up, 503."""
+        async with self._changing.setdefault(model, asyncio.Lock()):
+            reachable = self._reachable_indices()
+            if not reachable:
+                raise ServiceError("unavailable", f"no cell is up to {what} {model!r} (they are restarting): "
+                                   "try again in a few seconds")  # fmt: skip
+            if len(reachable) < len(self._present()):
+                log.warning("%s of %s reaches %d of %d cells; the others get it when they return", what, model,
+                            len(reachable), len(self._present()))  # fmt: skip
+            results = await asyncio.gather(*(self._on_cell(i, call) for i in reachable), return_exceptions=True)
+        missed = [i for i, r in zip(reachable, results, strict=True) if isinstance(r, ServiceError) and r.never_ran
+                  and i in self._dead]  # fmt: skip
+        if len(missed) == len(reachable):
+            raise ServiceError("unavailable", f"every cell went down during the {what} of {model!r}: try again")
+        if missed:
+            log.warning("cells %s went down during the %s of %s: they get it when they return", missed, what, model)
+        for index, result in zip(reachable, results, strict=True):
+            if isinstance(result, BaseException) and index not in missed:
                 raise result
 
     async def _on_cell(self, index: int, call: CellCall) -> None:
@@ -385,17 +461,7 @@ class CellsPort:
     async def model_statistics(self, model: str) -> ModelStats:
         cells = self._reachable()
         stats = await asyncio.gather(*(cell.model_statistics(model) for cell in cells), return_exceptions=True)
-        found = [s for s in stats if isinstance(s, ModelStats)]
-        if not found:
-            error = next(s for s in stats if isinstance(s, BaseException))
-            raise error
-        total = ModelStats()
-        for one in found:
-            for field in ("success_count", "success_ns", "fail_count", "fail_ns", "rejected_count",
-                          "execution_count", "inference_count"):  # fmt: skip
-                setattr(total, field, getattr(total, field) + getattr(one, field))
-            total.last_inference_ns = max(total.last_inference_ns, one.last_inference_ns)
-        return total
+        return summed_statistics(stats)
 
     async def exposition(self) -> bytes:
         texts = await asyncio.gather(*(self._cell_exposition(i, cell) for i, cell in enumerate(self.cells)))
@@ -412,69 +478,9 @@ class CellsPort:
     async def timeline_view(self, seconds: float) -> dict[str, Any]:
         indices = [i for i in range(len(self.cells)) if i not in self._dead]
         views = await asyncio.gather(*(self.cells[i].timeline_view(seconds) for i in indices), return_exceptions=True)
-        merged: dict[str, Any] = {"seconds": seconds, "devices": [], "actions": [], "misses": []}
-        for index, view in zip(indices, views, strict=True):
-            if not isinstance(view, dict):
-                continue
-            offset = index * DEVICE_ID_STRIDE
-            merged["devices"] += [offset + d for d in view["devices"]]
-            merged["actions"] += [{**a, "device": offset + a["device"], "cell": index} for a in view["actions"]]
-            merged["misses"] += view["misses"]
-        return merged
+        return merged_timeline(seconds, list(zip(indices, views, strict=True)))
 
     def count_dropped_client(self, transport: str, cause: str) -> None:
         reachable = self._reachable()
         if reachable:
             reachable[0].count_dropped_client(transport, cause)
-
-
-def merge_expositions(texts: Sequence[tuple[int, bytes]]) -> bytes:
-    """Prometheus text from several cells as one: each sample gains ``cell="<index>"``, every family's
-    samples stay together under one HELP and TYPE (the first cell's)."""
-    headers: dict[str, list[str]] = {}
-    header_from: dict[str, int] = {}
-    samples: dict[str, list[str]] = {}
-    for index, text in texts:
-        family = ""
-        for line in text.decode().splitlines():
-            if line.startswith("# "):
-                parts = line.split(" ", 3)
-                family = parts[2] if len(parts) > 2 else family
-                if header_from.setdefault(family, index) == index:  # the first cell that has it
-                    headers.setdefault(family, []).append(line)
-                samples.setdefault(family, [])
-            elif line.strip():
-                samples.setdefault(family, []).append(_with_cell(line, index))
-    lines: list[str] = []
-    for family, rows in samples.items():
-        lines += headers.get(family, [])
-        lines += rows
-    return ("\n".join(lines) + "\n").encode()
-
-
-def _with_cell(line: str, cell: int) -> str:
-    """``line`` (one sample) with the label ``cell`` first."""
-    brace, space = line.find("{"), line.find(" ")
-    if brace < 0 or 0 <= space < brace:  # no labels
-        end = space if space >= 0 else len(line)
-        return f'{line[:end]}{{cell="{cell}"}}{line[end:]}'
-    close = _closing_brace(line, brace)
-    inside = line[brace + 1 : close]
-    labels = f'cell="{cell}"' + (f",{inside}" if inside else "")
-    return f"{line[:brace]}{{{labels}}}{line[close + 1 :]}"
-
-
-def _closing_brace(line: str, start: int) -> int:
-    """The ``}`` that ends the label set opened at ``start`` (a label value may hold one, quoted)."""
-    quoted = escaped = False
-    for i in range(start + 1, len(line)):
-        char = line[i]
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == '"':
-            quoted = not quoted
-        elif char == "}" and not quoted:
-            return i
-    return len(line)

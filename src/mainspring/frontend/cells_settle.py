@@ -1,0 +1,46 @@
+"""A cell that comes back (its controller restarted) or joins late is brought in line with the other
+cells before it serves: a repository change made while it was down (a load, reload or unload through the
+API reaches only the cells that are up) is applied to it when it returns. Without this, a restarted cell
+served again a model the user had unloaded (its workers still held it), 200 having been answered.
+
+Until then the cell is *settling*: it serves a model only as a settled peer serves it, at the same version
+and config (with no settled peer there is nothing to compare with: it serves what it holds). The
+server's own port applies the differences; a frontend process's port only waits for them to go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from mainspring.frontend.port import ServedModel
+
+LOAD, RELOAD, UNLOAD = "load", "reload", "unload"
+Change = tuple[str, str]  # (LOAD, RELOAD or UNLOAD; the model)
+Models = Mapping[str, ServedModel]
+
+
+def same(one: ServedModel, other: ServedModel) -> bool:
+    return one.version == other.version and one.config == other.config
+
+
+def differences(own: Models, peers: Sequence[Models]) -> list[Change]:
+    """What a cell serving ``own`` must change to serve what its settled ``peers`` serve: unload a model
+    none serves, load one it lacks, reload one it serves at another version or config."""
+    changes: list[Change] = []
+    for name in sorted(own):
+        served = [peer[name] for peer in peers if name in peer]
+        if not served:
+            changes.append((UNLOAD, name))
+        elif not any(same(own[name], other) for other in served):
+            changes.append((RELOAD, name))
+    wanted = {name for peer in peers for name in peer}
+    changes += [(LOAD, name) for name in sorted(wanted - set(own))]
+    return changes
+
+
+def agrees(model: str, own: Models, peers: Sequence[Models]) -> bool:
+    """``own`` serves ``model`` as a settled peer does (or there is no peer to ask)."""
+    served = own.get(model)
+    if served is None:
+        return False
+    return not peers or any(same(served, peer[model]) for peer in peers if model in peer)

@@ -180,8 +180,10 @@ class Server:
         config = self.config
         if config.workers == "local" and not config.ray and self.cells is None:
             self._check_devices()
+        # Remote workers bring their own models: a folder here is their repository only when named (the
+        # default zoo's models, listed as unavailable, were none of theirs).
         self.repo = await asyncio.to_thread(ensure_repository, config) if config.workers == "local" else (
-            ModelRepository(config.repo_path) if config.repo_path.is_dir() else None
+            ModelRepository(config.repo_path) if config.repo and config.repo_path.is_dir() else None
         )  # fmt: skip
         if self.cell is not None:
             await self._start_cell(self.cell)
@@ -381,12 +383,29 @@ class Server:
             watch = asyncio.create_task(self._stop_when(gone))
             watch.add_done_callback(lambda _: None)
         try:
-            await self.start()
+            await self._start_unless_stopped()
         except BaseException:
             await self.stop()  # what started goes down in order (the gRPC server must not outlive the loop)
             raise
         await self._stop.wait()
         await self.stop()
+
+    async def _start_unless_stopped(self) -> None:
+        """``start``, given up as soon as a stop is asked (SIGTERM while the cells or workers are awaited
+        must not wait out ``join_timeout_s``); ``stop`` then ends what had started."""
+        starting = asyncio.ensure_future(self.start())
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not starting.done():
+                log.info("stop requested during start-up")
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+        if not starting.cancelled():
+            starting.result()  # its error, if it failed
 
     async def _stop_when(self, gone: Callable[[], bool]) -> None:
         while not self._stop.is_set():

@@ -186,7 +186,8 @@ class DataPlane:
 
     async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
         _repository_parameters(parameters or {}, "load", ())
-        if self.repo is not None and name not in self.repo.models() and name not in self.service.models:
+        known = name in self.service.models or name in self.service.load_errors  # e.g. a worker's, unloaded
+        if self.repo is not None and name not in self.repo.models() and not known:
             raise InferenceError(404, f"model {name!r} is not in the repository")
         served = self.service.models.get(name)
         try:

@@ -37,15 +37,21 @@ class ServerProcess:
     """``mainspring serve`` in a child process on free ports; its log goes to a file."""
 
     def __init__(
-        self, repo: Path, log: Path, *args: str, worker_port: int | None = None, env: dict[str, str] | None = None
+        self,
+        repo: Path | None,  # None: no --repo (the default's)
+        log: Path,
+        *args: str,
+        worker_port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.http_port, self.grpc_port, picked = free_ports(3)
         self.worker_port = worker_port or picked
         self.log = log
-        self.repo = repo
+        home = Path((env or {}).get("HOME", Path.home()))
+        self.repo = repo if repo is not None else home / ".mainspring" / "zoo"  # the default's place
         command = [
-            sys.executable, "-m", "mainspring.cli", "serve", "--repo", str(repo), "--devices", "cpu",
-            "--pool-mib", "256", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+            sys.executable, "-m", "mainspring.cli", "serve", *(["--repo", str(repo)] if repo else []), "--devices",
+            "cpu", "--pool-mib", "256", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
             "--worker-port", str(self.worker_port), *args,
         ]  # fmt: skip
         environment = {**os.environ, "MAINSPRING_WORKER_TIMEOUT_S": "1.0", **(env or {})}

@@ -1,6 +1,7 @@
 """``serve --cells 2``: two controller processes behind one server, each with its own emulated devices
 (``worker --emulate`` joining on worker_port + i). Clients see one server: one port, one repository API,
-one /metrics with a ``cell`` label. Real processes on loopback."""
+one /metrics with a ``cell`` label); repository changes made while a cell restarts are kept; start-up
+stops at SIGTERM. Real processes on loopback."""
 
 from __future__ import annotations
 
@@ -40,11 +41,14 @@ def consecutive_free_ports(count: int) -> int:
     raise RuntimeError("no consecutive free ports")
 
 
+SECRET = {"MAINSPRING_WORKER_SECRET": "cells-test-secret"}  # remote workers prove who they are
+
+
 def emulated_worker(address: str, name: str, log: Path) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "mainspring.cli", "worker", "--controller", address, "--emulate", "--count", "1",
                "--models", "6", "--name", name]  # fmt: skip
     with log.open("wb") as output:
-        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, **SECRET})
 
 
 def samples(server: ServerProcess, name: str) -> list[tuple[dict[str, str], float]]:
@@ -67,7 +71,7 @@ class TwoCells:
         (tmp_path / "repo").mkdir()
         self.base = consecutive_free_ports(2)
         self.server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--workers", "tcp", "--cells", "2",
-                                    "--frontends", "1", *args, worker_port=self.base)  # fmt: skip
+                                    "--frontends", "1", *args, worker_port=self.base, env=SECRET)  # fmt: skip
         self.workers = [
             emulated_worker(f"tcp://127.0.0.1:{self.base + i}", f"emulated-{i}", tmp_path / f"worker-{i}.log")
             for i in range(2)
@@ -109,17 +113,109 @@ def test_two_cells_answer_every_request_once_and_look_like_one_server(tmp_path: 
         stats = json.loads(raw)["model_stats"]
         assert sum(s["inference_stats"]["success"]["count"] for s in stats) == 300  # summed over the cells
 
-        # one repository API: an unload reaches both cells (the emulated models have no files to load again)
+        # one repository API: an unload reaches both cells; the workers' model (no file here) loads back
         model = models[0]
-        status, _ = http_call(f"http://{server.http}/v2/repository/models/{model}/unload", b"{}")
-        assert status == 200
+        assert repository(server, model, "unload") == 200
         assert all(infer(server, model, i)[0] == 404 for i in range(6))  # whichever cell it would go to
         assert all(infer(server, models[1], i)[0] == 200 for i in range(6))
         _, index = http_call(f"http://{server.http}/v2/repository/index", b"{}")
         ready = {entry["name"] for entry in json.loads(index) if entry.get("state") == "READY"}
         assert model not in ready and models[1] in ready
+        assert repository(server, model, "load") == 200
+        back = [infer(server, model, i) for i in range(6)]
+        assert all(status == 200 for status, _, _ in back), back
+        assert {labels["cell"]: v for labels, v in samples(server, "mainspring_models")} == {"0": 6, "1": 6}
     finally:
         cells.close()
+
+
+def repository(server: ServerProcess, model: str, change: str) -> int:
+    return http_call(f"http://{server.http}/v2/repository/models/{model}/{change}", b"{}")[0]
+
+
+def test_an_unload_while_a_cell_restarts_stays_done_and_ready_agrees_with_infer(tmp_path: Path) -> None:
+    """Cell 0's controller is killed and a model unloaded at once: 200, from cell 1 alone. Cell 0 comes
+    back with workers that still hold the model; it must not serve it again. At every moment until after
+    its return, /ready and infer agree: the unloaded model is neither ready nor served, the other both."""
+    cells = TwoCells(tmp_path, "--slo-ms", "2000")
+    server, (gone, kept) = cells.server, cells.models[:2]
+    seen: list[tuple[str, int, int]] = []  # (model, /ready status, infer status)
+
+    def look() -> bool:
+        for model in (gone, kept):
+            ready, _ = http_call(f"http://{server.http}/v2/models/{model}/ready")
+            seen.append((model, ready, infer(server, model, len(seen))[0]))
+        return "cell 0 serves what the other cells serve" in server.log.read_text()
+
+    try:
+        os.kill(cells.cell_pid(0), signal.SIGKILL)
+        assert repository(server, gone, "unload") == 200
+        wait_for(look, timeout_s=60, every_s=0.02)  # until cell 0 is back and in line
+        for _ in range(10):
+            look()
+        text = server.log.read_text()
+        assert "cell 0 is back" in text and f"cell 0: the unload of {gone} made while it was down is done" in text
+        assert {labels["cell"]: v for labels, v in samples(server, "mainspring_models")} == {"0": 5, "1": 5}
+    finally:
+        cells.close()
+    assert len(seen) > 20
+    assert all(ready != 200 and status == 404 for model, ready, status in seen if model == gone), seen
+    assert all(ready == 200 and status in (200, 503) for model, ready, status in seen if model == kept), seen
+    assert sum(status == 200 for model, _, status in seen if model == kept) >= 0.9 * len(seen) / 2
+
+
+def test_sigterm_while_the_cells_wait_for_devices_stops_the_server_at_once(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--workers", "tcp", "--cells", "2",
+                           "--frontends", "1", worker_port=consecutive_free_ports(2), env=SECRET)  # fmt: skip
+    try:
+        wait_for(lambda: "to have a device" in server.log.read_text(), timeout_s=60)  # no worker joins
+        cell_pids = child_pids(server.process.pid)
+        sent = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(60)
+        took = time.monotonic() - sent
+    finally:
+        server.stop()
+    text = server.log.read_text()
+    assert code == 0 and took < 15, (took, text)
+    assert "stop requested during start-up" in text and "no device" not in text and "Traceback" not in text, text
+    assert cell_pids and not [pid for pid in cell_pids if Path(f"/proc/{pid}").exists()]  # the cells ended too
+
+
+def test_two_cells_on_one_device_are_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--cells", "2")  # on --devices cpu
+    assert server.process.wait(60) == 2
+    server.stop()
+    lines = [line for line in server.log.read_text().splitlines() if line.strip()]
+    assert len(lines) == 1 and "--cells 2 needs a device per cell, and --devices gives 1 (cpu)" in lines[0], lines
+
+
+def test_remote_workers_models_alone_are_listed_and_one_unloaded_loads_back(tmp_path: Path) -> None:
+    """``--workers tcp`` without ``--repo``: the index lists what the workers serve, not the default zoo
+    folder's models (none of theirs); a model a worker announced is unloaded and loaded back."""
+    zoo = tmp_path / "home" / ".mainspring" / "zoo" / "mlp" / "1"  # a default zoo from an earlier serve
+    zoo.mkdir(parents=True)
+    (zoo / "config.json").write_text("{}")
+    env = {**SECRET, "HOME": str(tmp_path / "home")}
+    server = ServerProcess(None, tmp_path / "server.log", "--workers", "tcp", env=env)
+    worker = emulated_worker(server.worker_address, "emulated", tmp_path / "worker.log")
+    try:
+        server.wait_ready()
+        _, index = http_call(f"http://{server.http}/v2/repository/index", b"{}")
+        listed = {entry["name"]: entry["state"] for entry in json.loads(index)}
+        assert len(listed) == 6 and set(listed.values()) == {"READY"} and "mlp" not in listed, listed
+        model = sorted(listed)[0]
+        assert repository(server, model, "unload") == 200
+        assert infer(server, model, 0)[0] == 404
+        assert repository(server, model, "load") == 200
+        status, sent, echoed = infer(server, model, 1)
+        assert status == 200 and echoed == pytest.approx(sent, rel=1e-6)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        assert server.stop() == 0, server.log.read_text()
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ echoes its input. The live system's tests and benchmarks serve with it where com
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 from mainspring.models.errors import ModelLoadError
@@ -74,6 +75,8 @@ class EmulatedWorker:
 
     def unregister(self, model: str) -> None:
         self._profiles.pop(model, None)
+        for device in self._devices.values():  # on the timer thread, as every action of the device
+            self._timer.call_at(self._timer.now_ns(), functools.partial(device.drop, model))
 
     def resident_models(self, device: int) -> frozenset[str]:
         return self._devices[device].resident_models

@@ -160,6 +160,12 @@ class EmulatedDevice:
     def resident_models(self) -> frozenset[str]:
         return frozenset(self._resident)
 
+    def drop(self, model: str) -> None:
+        """``model`` is unregistered: its weights go (else a load after it is registered again is refused)."""
+        self._resident.discard(model)
+        if self.pool.holds(model):
+            self.pool.release(model)
+
     def submit(self, action: Action) -> None:
         if action.device != self.spec.device:
             raise ValueError(f"action {action.action_id} is for device {action.device}, not {self.spec.device}")

@@ -56,8 +56,8 @@ def run(cells: int, args: argparse.Namespace, base_port: int) -> dict[str, float
     http, grpc, workers_port = base_port, base_port + 1, base_port + 2
     front_code = (
         "from mainspring.serve_cells import run_cells; from mainspring.serve_config import ServeConfig; "
-        f"raise SystemExit(run_cells(ServeConfig(cells={cells}, workers='tcp', frontends=1, http_port={http}, "
-        f"grpc_port={grpc}, worker_port={workers_port}, repo={args.repo!r}, slo_ms={args.slo_ms})))"
+        f"raise SystemExit(run_cells(ServeConfig(cells={cells}, workers='tcp', allow_open_workers=True, frontends=1, "
+        f"http_port={http}, grpc_port={grpc}, worker_port={workers_port}, repo={args.repo!r}, slo_ms={args.slo_ms})))"
     )
     logs = Path(args.log_dir)
     front = subprocess.Popen([sys.executable, "-c", front_code], stdout=(logs / f"front-{cells}.log").open("wb"),

@@ -74,6 +74,13 @@ def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--pool-mib", type=int, help="weight pool in MiB (default: 2048 on cpu; a GPU's sized after "
                                                 "registration; 32 GiB emulated)")  # fmt: skip
     p.add_argument("--name", help="worker name (default host:pid)")
+    p.add_argument(
+        "--allow-open-workers",
+        action="store_true",
+        default=None,
+        help="without worker_secret, let any process that reaches worker-port join as a worker (it gets "
+        "clients' inputs and answers for the models); --workers tcp needs a secret or this",
+    )
     p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
     p.add_argument("--pin-core", type=int, help="pin the exec lane's thread to this CPU core")
     p.add_argument("--rejoin", action="store_true",
@@ -128,6 +135,7 @@ def run_worker(args: argparse.Namespace) -> int:
     from mainspring.worker.api import Worker
     from mainspring.worker.process import START_OVER, WorkerConnection
 
+            "allow_open_workers",
     if (args.repo is None) == (args.emulate is None):
         raise ValueError("give --repo (a real device's models) or --emulate (emulated devices), not both")
     if args.count < 1 or (args.emulate is None and (args.count != 1 or args.models is not None)):

@@ -17,6 +17,7 @@ import contextlib
 import faulthandler
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -154,12 +155,14 @@ class Server:
             policy_settings=config.clockwork,
         )
         self.repo: ModelRepository | None = None
+        self._worker_dir: tempfile.TemporaryDirectory[str] | None = None  # the local workers' private channel
+        self.worker_secret = config.worker_secret  # or one made for this run (workers on Ray)
         self.hub = WorkerHub(
-            f"tcp://{config.host}:{config.worker_port}",
+            self._worker_channel() if cells is None else "",
             self.service,
             config.heartbeat_s,
             config.worker_timeout_s,
-            secret=config.worker_secret,
+            secret=self.worker_secret,
         )
         self._runner: web.AppRunner | None = None
         self._plane: DataPlane | None = None
@@ -185,6 +188,8 @@ class Server:
         self.repo = await asyncio.to_thread(ensure_repository, config) if config.workers == "local" else (
             ModelRepository(config.repo_path) if config.repo and config.repo_path.is_dir() else None
         )  # fmt: skip
+        if config.workers == "local" and self.repo is not None:  # the workers serve this repository: no other model
+            self.service.known_models = self.repo.models
         if self.cell is not None:
             await self._start_cell(self.cell)
             return
@@ -195,13 +200,9 @@ class Server:
         access = Access(config.auth_token, config.auth_inference)
         port = self.service if self.cells is None else self.cells.port
         plane = self._plane = DataPlane(port, self.repo, limits=config.limits(), access=access)
-        if config.host not in LOOPBACK:
-            if not config.auth_token:
-                log.warning("listening on %s without auth_token: anyone who reaches it can load and unload models",
-                            config.host)  # fmt: skip
-            if not config.worker_secret:
-                log.warning("listening on %s without worker_secret: anyone who reaches port %d can join as a worker",
-                            config.host, config.worker_port)  # fmt: skip
+        if config.host not in LOOPBACK and not config.auth_token:
+            log.warning("listening on %s without auth_token: anyone who reaches it can load and unload models",
+                        config.host)  # fmt: skip
         shared = config.frontend_count > 1  # ports shared with the frontend processes (SO_REUSEPORT)
         if shared:  # sharing must not extend to another server already on the ports
             for port, what in ((config.http_port, "HTTP"), (config.grpc_port, "gRPC")):
@@ -261,6 +262,25 @@ class Server:
         finish = {names[key]: end for key, end in signal.finish_ns.items()}
         return CellSignal(signal.cell, signal.at_ns, signal.devices, finish, signal.cold_start_ns, self._incarnation)
 
+    def _worker_channel(self) -> str:
+        """Where workers connect. Without ``worker_secret``: local workers over a socket in a folder only
+        this user may enter; workers on Ray over TCP with a secret made for this run; TCP open to any
+        process only with ``allow_open_workers``. With it: TCP, CURVE-authenticated and encrypted."""
+        config = self.config
+        tcp = f"tcp://{config.host}:{config.worker_port}"
+        if config.worker_secret:
+            return tcp
+        if config.allow_open_workers:
+            log.warning("allow_open_workers: any process that reaches %s can join as a worker, receive "
+                        "clients' inputs and answer for the models (set worker_secret to close it)", tcp)  # fmt: skip
+            return tcp
+        if config.ray:
+            self.worker_secret = secrets.token_hex(32)
+            log.info("no worker_secret is set: the workers on Ray use one made for this run")
+            return tcp
+        self._worker_dir = tempfile.TemporaryDirectory(prefix="mainspring-workers-")
+        return f"ipc://{self._worker_dir.name}/workers"
+
     def _check_devices(self) -> None:
         from mainspring.worker.torch_worker import torch_device
 
@@ -319,7 +339,7 @@ class Server:
         config = self.config
         host = config.host if config.host not in ("0.0.0.0", "::", "") else await asyncio.to_thread(_node_ip)
         workers = RayWorkers(f"tcp://{host}:{config.worker_port}", str(self.repo.root), config.pool_mib,
-                             config.worker_secret)  # fmt: skip
+                             self.worker_secret)  # fmt: skip
         self._ray = RayPlacer(config.ray, workers)
         await asyncio.to_thread(self._ray.start)
         log.info("placing workers on the Ray cluster at %s", config.ray)
@@ -336,8 +356,8 @@ class Server:
     def _worker_env(self) -> dict[str, str]:
         """The environment of a local worker: ours, with the worker secret (never on its command line)."""
         env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
-        if self.config.worker_secret:
-            env[SECRET_ENV] = self.config.worker_secret
+        if self.worker_secret:
+            env[SECRET_ENV] = self.worker_secret
         return env
 
     async def _supervise(self, period_s: float = 0.2) -> None:
@@ -465,6 +485,8 @@ class Server:
         if self._ray is not None:
             await asyncio.to_thread(self._ray.stop)
         await self.hub.close()
+        if self._worker_dir is not None:
+            self._worker_dir.cleanup()
         for process in (w.process for w in self._local):
             if not self._ready:  # still loading models (a SIGTERM waits for that): nothing of theirs to finish
                 process.kill()

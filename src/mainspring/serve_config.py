@@ -72,6 +72,10 @@ class ServeConfig:
     auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)
     auth_inference: bool = False  # require the token for inference, metadata, statistics and metrics too
     worker_secret: str = field(default="", repr=False)  # workers must hold it to join (ZeroMQ CURVE)
+    # Without worker_secret, local workers join over a socket in a folder only this user may enter; this
+    # opens the TCP worker port to any process that reaches it instead (needed for workers="tcp" without
+    # a secret): such a process receives clients' inputs and answers for the models.
+    allow_open_workers: bool = False
     # What one request may be (``frontend/limits.py``).
     max_body_bytes: int = RequestLimits.max_body_bytes
     max_header_bytes: int = RequestLimits.max_header_bytes
@@ -132,6 +136,11 @@ class ServeConfig:
                 clockwork_config(self.clockwork, "clockwork settings")
             except ValueError as error:
                 problems.append(str(error))
+        if self.workers == "tcp" and not self.worker_secret and not self.allow_open_workers:
+            problems.append(
+                "workers='tcp' needs worker_secret (MAINSPRING_WORKER_SECRET or the config file), or "
+                "allow_open_workers to let any process that reaches worker_port join as a worker"
+            )
         if self.auth_inference and not self.auth_token:
             problems.append("auth_inference needs auth_token to be set")
         try:

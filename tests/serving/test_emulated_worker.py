@@ -20,7 +20,9 @@ from tests.serving.test_supervision import metric
 
 def test_emulated_devices_join_a_controller_and_every_request_is_answered_once(tmp_path: Path) -> None:
     (tmp_path / "repo").mkdir()
-    server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--workers", "tcp", "--slo-ms", "2000")
+    server = ServerProcess(
+        tmp_path / "repo", tmp_path / "server.log", "--workers", "tcp", "--allow-open-workers", "--slo-ms", "2000"
+    )
     command = [sys.executable, "-m", "mainspring.cli", "worker", "--controller", server.worker_address,
                "--emulate", "--count", "3", "--models", "12", "--name", "emulated"]  # fmt: skip
     with (tmp_path / "worker.log").open("wb") as log:

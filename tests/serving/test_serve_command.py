@@ -248,7 +248,9 @@ def test_a_port_in_use_stops_the_start_even_where_its_holder_shares_ports(
     port = holder.getsockname()[1]
     port_flag = {"grpc": "--grpc-port", "http": "--http-port", "worker": "--worker-port"}[taken]
     try:
-        server = ServerProcess(small_zoo.root, tmp_path / "server.log", "--frontends", frontends, port_flag, str(port))
+        opened = ("--allow-open-workers",) if taken == "worker" else ()  # else local workers use no TCP port
+        server = ServerProcess(small_zoo.root, tmp_path / "server.log", "--frontends", frontends, port_flag, str(port),
+                               *opened)  # fmt: skip
         try:
             server.process.wait(60)
         finally:
@@ -268,7 +270,7 @@ def test_cells_are_sized_to_the_devices_and_the_cores(monkeypatch: pytest.Monkey
     assert ServeConfig(devices=",".join(["cuda:0"] * 16)).cell_count() == 1
     assert ServeConfig(devices=",".join(["cuda:0"] * 40)).cell_count() == 3
     assert ServeConfig(devices=",".join(["cuda:0"] * 200)).cell_count() == 4  # the cores bound it
-    assert ServeConfig(workers="tcp").cell_count() == 1
+    assert ServeConfig(workers="tcp", allow_open_workers=True).cell_count() == 1
     assert ServeConfig(cells=2, devices="cpu,cpu").cell_count() == 2
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert ServeConfig(devices=",".join(["cuda:0"] * 40)).cell_count() == 1

@@ -72,7 +72,14 @@ def test_a_remote_worker_joins_the_next_controller(small_zoo: ModelRepository, t
 
     def controller(run: int) -> ServerProcess:
         port = servers[0].worker_port if servers else None
-        server = ServerProcess(tmp_path / "repo", tmp_path / f"server{run}.log", "--workers", "tcp", worker_port=port)
+        server = ServerProcess(
+            tmp_path / "repo",
+            tmp_path / f"server{run}.log",
+            "--workers",
+            "tcp",
+            "--allow-open-workers",
+            worker_port=port,
+        )
         servers.append(server)
         server.wait_ready(path="/v2/health/live")
         return server

@@ -86,7 +86,9 @@ def under_load(server: ServerProcess, fault: Callable[[], None], handled: Callab
 
 def two_workers(tmp_path: Path, small_zoo: ModelRepository) -> tuple[ServerProcess, list[subprocess.Popen[bytes]]]:
     shutil.copytree(small_zoo.root, tmp_path / "repo")
-    server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--workers", "tcp", "--slo-ms", "5000")
+    server = ServerProcess(
+        tmp_path / "repo", tmp_path / "server.log", "--workers", "tcp", "--allow-open-workers", "--slo-ms", "5000"
+    )
     server.wait_ready(path="/v2/health/live")
     # Four pages each: resnet18 (3) and bert_tiny (2) evict each other, so loads are always in flight.
     workers = [start_worker(server.worker_address, tmp_path / "repo", f"w{i}", tmp_path / f"w{i}.log", 64)

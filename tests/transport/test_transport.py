@@ -77,6 +77,12 @@ class Events:
     def on_lost(self, handle: WorkerHandle) -> None:
         pass
 
+    def on_bad_message(self, handle: WorkerHandle, problem: str) -> None:
+        pass
+
+    def rejoin_wait_s(self, name: str) -> float:
+        return 0.0
+
 
 class EstimatedOffsets(Events):
     """Also how far off the hub's estimate of the worker's clock offset was (and the round trip it came from)

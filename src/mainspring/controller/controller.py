@@ -8,12 +8,13 @@ emulated devices, the live server a wall clock and network links.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, cast
 
 from mainspring.protocol import Action, ActionResult, ActionStatus, Infer, Outcome, Request, Response
+from mainspring.protocol.tensors import TensorSpec, sample_problem
 from mainspring.scheduler.base import Membership, Scheduler
-from mainspring.time import Clock
+from mainspring.time import NS_PER_S, Clock
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,12 @@ class Observers:
 AnswerSink = Callable[[Request, Response, object], None]
 WakeupHook = Callable[[int], None]
 Defer = Callable[[Callable[[], None]], object]  # runs the callback soon, after the events already due
+OutputSpecs = Callable[[str], Sequence[TensorSpec] | None]  # a model's outputs by its key (None: unknown)
+CLOCK_SLACK_NS = NS_PER_S  # a result's timing may stray this far past what the clocks allow (their sync's error)
+
+
+class UnknownActionError(ValueError):
+    """A result for an action this controller never sent (nor lost)."""
 
 
 class Controller:
@@ -83,11 +90,14 @@ class Controller:
         observer: ControllerObserver | None = None,
         send_inputs: bool = False,
         defer: Defer | None = None,
+        output_specs: OutputSpecs | None = None,
     ) -> None:
         """``defer``: when given, a request, a result or a wake-up runs no pass of its own; one pass,
         deferred through it, serves every event that arrived before it ran (a live event loop under
         load hands many events per turn; without ``defer`` every event gets its own pass, as the
-        simulator needs for exactly reproducible runs)."""
+        simulator needs for exactly reproducible runs). ``output_specs``: when given (a live controller,
+        whose workers return tensors), every ``Infer`` result must carry one output per request, each
+        exactly the model's outputs (``deliver``)."""
         self._scheduler = scheduler
         self._clock = clock
         self._workers = workers
@@ -102,6 +112,8 @@ class Controller:
         self._lost_actions: set[int] = set()  # sent to a device that is gone: a late result is ignored
         self._defer = defer
         self._pass_deferred = False
+        self._output_specs = output_specs
+        self._malformed: dict[int, str] = {}  # request id -> why its action's result was refused
 
     @property
     def outstanding(self) -> int:
@@ -119,14 +131,28 @@ class Controller:
         self._pass_soon(now)
 
     def deliver(self, result: ActionResult) -> None:
-        """A worker's result for an action this controller sent."""
-        action = self._in_flight.pop(result.action_id, None)
+        """A worker's result for an action this controller sent (``deliver_checked``)."""
+        self.deliver_checked(result)
+
+    def deliver_checked(self, result: ActionResult, source: str = "its worker") -> str | None:
+        """A worker's result for an action this controller sent (``source`` names the sender). It is
+        checked before anything else: a malformed one (``result_problem``) reaches the policy as a failed
+        action, whose requests are answered ``BAD_RESULT``; returns why it was refused (the caller drops
+        the sender), None for a sound result. ``UnknownActionError`` for an action never sent."""
+        action = self._in_flight.get(result.action_id)
         if action is None:
             if result.action_id in self._lost_actions:
                 self._lost_actions.discard(result.action_id)
-                return
-            raise ValueError(f"result for unknown action {result.action_id}")
+                return None
+            raise UnknownActionError(f"result for unknown action {result.action_id}")
         now = self._clock.now_ns()
+        problem = self.result_problem(action, result, now)
+        if problem is not None:
+            reason = f"{source} sent a malformed result for {type(action).__name__} {action.action_id}: {problem}"
+            result = ActionResult(action.action_id, action.device, ActionStatus.ERROR, message=reason)
+            if isinstance(action, Infer):
+                self._malformed.update(dict.fromkeys(action.request_ids, reason))
+        del self._in_flight[result.action_id]
         if self._observer is not None:
             self._observer.on_result(result, action, now)
         if result.ok and isinstance(action, Infer) and result.outputs is not None:
@@ -134,6 +160,39 @@ class Controller:
                 self._outputs[request_id] = output
         self._scheduler.on_result(result, now)
         self._pass_soon(now)
+        return problem
+
+    def result_problem(self, action: Action, result: ActionResult, now_ns: int) -> str | None:
+        """Why ``result`` cannot be the result of ``action``; None when it can. Checked: the device it
+        came from; an OK result's timing (not ending in the future, not starting before its window);
+        with ``output_specs``, an OK ``Infer``'s outputs: one per request, each the model's outputs (names,
+        datatypes, one sample's shape), empty for the requests it reports failed or not run."""
+        if result.device != action.device:
+            return f"it came from device {result.device}, the action went to device {action.device}"
+        if not result.ok:
+            return None
+        timing = result.timing
+        if timing is None:
+            return "an OK result without a timing"
+        if not action.earliest_ns - CLOCK_SLACK_NS <= timing.begin_ns <= timing.end_ns <= now_ns + CLOCK_SLACK_NS:
+            return f"timing {timing.begin_ns}-{timing.end_ns} ns lies outside the action's window and now"
+        if self._output_specs is None or not isinstance(action, Infer):
+            return None
+        count = len(action.request_ids)
+        outputs = result.outputs
+        if outputs is None or len(outputs) != count:
+            return f"{'no' if outputs is None else len(outputs)} outputs for a batch of {count} requests"
+        skipped = set(result.failed or ()) | set(result.unchecked)
+        if not skipped <= set(range(count)):
+            return f"it reports batch positions {sorted(skipped - set(range(count)))} of a batch of {count}"
+        specs = self._output_specs(action.model)
+        for index, output in enumerate(outputs):
+            if index in skipped:
+                continue
+            problem = None if specs is None else sample_problem(specs, output)
+            if problem is not None:
+                return f"request {index} of the batch: {problem}"
+        return None
 
     def wake(self) -> None:
         """Called at (or after) a time the scheduler asked to be woken."""
@@ -222,6 +281,9 @@ class Controller:
         if request is None:
             raise RuntimeError(f"policy answered request {response.request_id} twice or never received it")
         output = self._outputs.pop(response.request_id, None)
+        malformed = self._malformed.pop(response.request_id, None)
+        if malformed is not None and response.outcome is Outcome.INFERENCE_FAILED:  # the policy's word for any failure
+            response = Response(response.request_id, Outcome.BAD_RESULT, malformed, response.action_id)
         if self._observer is not None:
             self._observer.on_answer(request, response, now)
         self._answer(request, response, output)

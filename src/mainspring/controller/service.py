@@ -15,21 +15,22 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from mainspring.controller.controller import Controller, ControllerObserver, Observers
+from mainspring.controller.controller import Controller, ControllerObserver, Observers, UnknownActionError
 from mainspring.controller.lifecycle import ModelLifecycle
 from mainspring.controller.overload import OverloadGuard
-from mainspring.controller.workers import WorkerSet
+from mainspring.controller.rejoin import RejoinBackoff
+from mainspring.controller.workers import WorkerSet, announced_only
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.protocol import ActionResult, DeviceSpec, Outcome, Request, Response
 from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
 from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
-from mainspring.protocol.tensors import Sample
+from mainspring.protocol.tensors import Sample, TensorSpec
 from mainspring.scheduler.base import Membership
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
 from mainspring.telemetry.metrics import ModelStats, ServingMetrics
@@ -77,6 +78,10 @@ class ControllerService:
         observers = (self.metrics, self.timeline) if self.logs is None else (self.metrics, self.timeline, self.logs)
         observer: ControllerObserver = Observers(*observers)
         self.connected = WorkerSet()
+        self.rejoin = RejoinBackoff()  # for workers dropped for misbehaving
+        # Models a worker may announce (the names of the repository the local workers serve); None: any.
+        self.known_models: Callable[[], Collection[str]] | None = None
+        self._output_specs: dict[str, tuple[TensorSpec, ...]] = {}  # by model key: what results are checked by
         self.controller = Controller(
             scheduler,
             self.clock,
@@ -86,6 +91,7 @@ class ControllerService:
             observer,
             send_inputs=True,
             defer=self._soon,
+            output_specs=self._output_specs.get,
         )
         self._request_ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Answer]] = {}
@@ -153,6 +159,7 @@ class ControllerService:
             self.metrics.rejections.labels(Outcome.OVERLOADED.value).inc(len(samples))
             raise ServiceError("overloaded", f"overloaded: {refusal}")
         slo = slo_ns if slo_ns is not None else self.default_slo_ns
+        self._output_specs[served.key] = served.config.outputs  # what its results must hold
         now = self.clock.now_ns()
         futures = []
         for sample in samples:
@@ -190,6 +197,8 @@ class ControllerService:
     def on_join(
         self, handle: WorkerHandle, devices: list[DeviceSpec], models: list[ModelInfo], errors: dict[str, str]
     ) -> None:
+        if self.known_models is not None:  # a worker may announce only the repository's models
+            models, devices, errors = announced_only(handle.name, self.known_models(), models, devices, errors)
         self.connected.join(handle)
         self.load_errors.update(errors)
         corrections = self.lifecycle.adopt(handle, models)
@@ -234,18 +243,48 @@ class ControllerService:
                 if handle not in self.connected:
                     continue  # dropped for another of its devices
                 late_s = (now - action.latest_ns - action.expected_duration_ns) / NS_PER_S
-                log.error("worker %s: %s action %d on device %d has not reported %.1f s after it was due; "
-                          "dropping the worker", handle.name, type(action).__name__, action.action_id,
-                          device, late_s)  # fmt: skip
                 self.metrics.hung_actions.inc()
-                handle.close(f"action {action.action_id} did not report in time: start over", start_over=True)
-                self.on_lost(handle)
+                self.drop(handle, "hung", f"{type(action).__name__} action {action.action_id} on device "
+                                          f"{device} has not reported {late_s:.1f} s after it was due")  # fmt: skip
+
+    def drop(self, handle: WorkerHandle, cause: str, why: str) -> None:
+        """Drop a misbehaving worker (``cause``: hung, bad_result or bad_message) as lost: its requests
+        are requeued where they can still make it and answered otherwise; it is told to start over
+        (``mainspring worker`` does, and ``mainspring serve`` restarts a local one that exits) and may
+        join again only after a backoff that grows with each drop (``RejoinBackoff``)."""
+        if handle not in self.connected:
+            return
+        backoff_s = self.rejoin.dropped(handle.name)
+        self.metrics.workers_dropped.labels(cause).inc()
+        self.metrics.rejoin_backoff.set(backoff_s)
+        log.error("worker %s: %s; dropping the worker (it may rejoin in %.0f s)", handle.name, why, backoff_s)
+        handle.close(f"dropped: {why}: start over", start_over=True)
+        self.on_lost(handle)
+
+    def rejoin_wait_s(self, name: str) -> float:
+        wait_s, first = self.rejoin.wait_s(name)
+        if wait_s > 0:
+            self.metrics.rejoins_deferred.inc()
+            if first:
+                log.warning("worker %s says hello %.1f s before its rejoin backoff ends: not answered until then",
+                            name, wait_s)  # fmt: skip
+        return wait_s
+
+    def on_bad_message(self, handle: WorkerHandle, problem: str) -> None:
+        self.drop(handle, "bad_message", f"sent a message that is not the protocol ({problem})")
 
     def on_result(self, handle: WorkerHandle, result: ActionResult) -> None:
         global_id = self.connected.global_id(handle, result.device)
         if global_id is None:
             return  # from a device already declared lost
-        self.controller.deliver(msgspec.structs.replace(result, device=global_id))
+        try:
+            problem = self.controller.deliver_checked(
+                msgspec.structs.replace(result, device=global_id), f"worker {handle.name}"
+            )
+        except UnknownActionError as error:
+            problem = str(error)
+        if problem is not None:
+            self.drop(handle, "bad_result", f"sent a malformed result ({problem})")
 
     def on_lost(self, handle: WorkerHandle) -> None:
         for global_id in self.connected.remove(handle):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator, Sequence
+import logging
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -13,8 +14,29 @@ import msgspec
 from mainspring.controller.controller import Controller
 from mainspring.frontend.port import ServiceError
 from mainspring.protocol import Action, DeviceSpec
-from mainspring.protocol.models import ModelOperation, ModelReply, ModelTarget
+from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
 from mainspring.transport.links import WorkerHandle
+
+log = logging.getLogger("mainspring.controller.service")
+
+
+def announced_only(
+    worker: str, known: Collection[str], models: list[ModelInfo], devices: list[DeviceSpec], errors: dict[str, str]
+) -> tuple[list[ModelInfo], list[DeviceSpec], dict[str, str]]:
+    """A joining worker's models, devices' resident models and load errors, less what names a model
+    not in ``known`` (the repository's): such a model is ignored, with a warning, never served."""
+    known = set(known)
+    unknown = sorted({info.config.name for info in models if served_name(info.config.name) not in known})
+    if not unknown and all(served_name(m) in known for m in errors):
+        return models, devices, errors
+    if unknown:
+        log.warning("worker %s announces %d model(s) the repository does not have, ignored: %s",
+                    worker, len(unknown), ", ".join(unknown[:10]) + (" ..." if len(unknown) > 10 else ""))  # fmt: skip
+    kept = [info for info in models if served_name(info.config.name) in known]
+    kept_devices = [
+        msgspec.structs.replace(d, resident=tuple(m for m in d.resident if served_name(m) in known)) for d in devices
+    ]
+    return kept, kept_devices, {m: e for m, e in errors.items() if served_name(m) in known}
 
 
 class DeviceLink:

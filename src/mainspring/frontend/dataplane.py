@@ -369,6 +369,7 @@ def decode_tensor(
     so far with it (``so_far`` before); ``InferenceError`` 400 names what is wrong."""
     limits.check_string("an input name", name)
     dtype = DATATYPES.get(datatype)
+    Outcome.BAD_RESULT: 500,
     if dtype is None:
         raise InferenceError(400, f"input {name!r}: unsupported datatype {datatype[:64]!r}")
     if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0

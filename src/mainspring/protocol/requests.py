@@ -76,6 +76,7 @@ class Outcome(enum.Enum):
     LOAD_FAILED = "load_failed"
     INPUT_FAILED = "input_failed"  # the model failed on this request's input, run alone; others were served
     INFERENCE_FAILED = "inference_failed"  # the model failed on the batch and has served no input yet
+    BAD_RESULT = "bad_result"  # its worker answered with a malformed result (it is dropped)
     SHUTTING_DOWN = "shutting_down"
 
     @property

@@ -97,3 +97,23 @@ class TensorSpec(msgspec.Struct, frozen=True, omit_defaults=True):
 
 def shape_matches(pattern: Sequence[int], shape: Sequence[int]) -> bool:
     return len(pattern) == len(shape) and all(p in (-1, s) for p, s in zip(pattern, shape, strict=True))
+
+
+def sample_problem(specs: Sequence[TensorSpec], sample: object) -> str | None:
+    """Why ``sample`` is not one sample of exactly the tensors ``specs`` name (their names, datatypes and
+    shapes with a batch of 1); None when it is. What a worker returns is checked so before a client sees it."""
+    if not isinstance(sample, Mapping):
+        return f"a {type(sample).__name__} in place of named tensors"
+    names, wanted = set(sample), {spec.name for spec in specs}
+    if names != wanted:
+        missing, extra = sorted(wanted - names), sorted(map(str, names - wanted))
+        return f"tensors {sorted(map(str, names))} in place of {sorted(wanted)} (missing {missing}, unknown {extra})"
+    for spec in specs:
+        array = sample[spec.name]
+        if not isinstance(array, np.ndarray):
+            return f"output {spec.name!r}: a {type(array).__name__}, not an array"
+        try:
+            spec.check_sample(array, f"output {spec.name!r}")
+        except ValueError as error:
+            return str(error)
+    return None

@@ -75,6 +75,24 @@ class ServingMetrics:
         self.worker_restarts = Counter(
             "mainspring_worker_restarts", "Local worker processes restarted after they exited", registry=r
         )
+        self.workers_dropped = Counter(
+            "mainspring_workers_dropped",
+            "Workers dropped for misbehaving: an action that never reported (hung), a malformed result "
+            "(bad_result) or a message that is not the protocol (bad_message)",
+            ["cause"],
+            registry=r,
+        )
+        self.rejoins_deferred = Counter(
+            "mainspring_worker_rejoins_deferred",
+            "Hellos ignored from a dropped worker whose rejoin backoff has not run out",
+            registry=r,
+        )
+        self.rejoin_backoff = Gauge(
+            "mainspring_worker_rejoin_backoff_seconds",
+            "The rejoin backoff last imposed on a dropped worker (1 s, doubling with each drop, reset after a "
+            "quiet period)",
+            registry=r,
+        )
         self.frontend_calls = Counter(
             "mainspring_frontend_calls",
             "Inference calls handed over by each frontend process (serve --frontends)",

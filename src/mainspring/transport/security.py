@@ -84,36 +84,46 @@ def secure_worker(socket: zmq.Socket[Any], secret: str) -> None:
     socket.curve_secretkey = private
 
 
-async def report_failed_handshakes(monitor: zmq.asyncio.Socket, endpoint: str, has_secret: bool) -> None:
+async def report_failed_handshakes(
+    monitor: zmq.asyncio.Socket, endpoint: str, has_secret: bool, every_s: float = HANDSHAKE_LOG_EVERY_S
+) -> None:
     """Log connections to the controller that fail their handshake (``monitor``: the socket's
     ``HANDSHAKE_FAILED`` events). A worker whose secret differs, or that has one where the
     controller has none (or the reverse), is otherwise refused in silence on both sides.
 
-    A peer that saw the mismatch first closes mid-handshake, and this side gets NO_DETAIL (errno 32)
-    with no cause; a retry soon after often names it, so such an event waits ``UNEXPLAINED_WAIT_S``
-    for one before it is reported with the likely cause."""
-    failed, last_logged = 0, float("-inf")
-    unexplained: dict[str, int] | None = None
+    The first failure is logged at once; those within ``every_s`` of a warning are counted, and one
+    warning tells them (with the latest cause) as soon as ``every_s`` has passed, not when a later
+    failure happens to come. A peer that saw the mismatch first closes mid-handshake, and this side
+    gets NO_DETAIL (errno 32) with no cause; a retry soon after often names it, so such an event waits
+    ``UNEXPLAINED_WAIT_S`` for one before it is reported with the likely cause."""
+    failed, last_logged = 0, float("-inf")  # failures since the last warning; when that was
+    cause: str | None = None  # the latest cause not told yet
+    unexplained: tuple[dict[str, int], float] | None = None  # a close without a cause, and when it came
     while True:
+        due = [unexplained[1] + UNEXPLAINED_WAIT_S] if unexplained is not None else []
+        if cause is not None:
+            due.append(last_logged + every_s)
+        timeout = max(0.0, min(due) - time.monotonic()) if due else None
         try:
-            frames = await asyncio.wait_for(monitor.recv_multipart(), UNEXPLAINED_WAIT_S if unexplained else None)
+            frames = await asyncio.wait_for(monitor.recv_multipart(), timeout)
         except TimeoutError:
-            event, final = unexplained, True  # no retry named the cause
+            pass
         else:
             message = parse_monitor_message(frames)
-            event, final = {"event": int(message["event"]), "value": int(message["value"])}, False
+            event = {"event": int(message["event"]), "value": int(message["value"])}
             failed += 1
-        assert event is not None
-        unexplained = None
-        if time.monotonic() - last_logged < HANDSHAKE_LOG_EVERY_S:
-            continue
-        cause = _handshake_cause(event, has_secret, final)
-        if cause is None:
-            unexplained = event
-            continue
-        log.warning("a connection to %s failed the handshake (%d since the last such warning): %s (%s)",
-                    endpoint, failed, cause, SECRET_ENV)  # fmt: skip
-        failed, last_logged = 0, time.monotonic()
+            named = _handshake_cause(event, has_secret, final=False)
+            if named is not None:
+                cause, unexplained = named, None
+            elif unexplained is None:
+                unexplained = event, time.monotonic()
+        now = time.monotonic()
+        if unexplained is not None and now - unexplained[1] >= UNEXPLAINED_WAIT_S:  # no retry named the cause
+            cause, unexplained = _handshake_cause(unexplained[0], has_secret, final=True), None
+        if cause is not None and now - last_logged >= every_s:
+            log.warning("a connection to %s failed the handshake (%d since the last such warning): %s (%s)",
+                        endpoint, failed, cause, SECRET_ENV)  # fmt: skip
+            failed, cause, last_logged = 0, None, now
 
 
 def _handshake_cause(event: dict[str, int], has_secret: bool, final: bool) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import msgspec
@@ -26,6 +27,7 @@ from mainspring.transport.links import WorkerEvents
 from mainspring.transport.messages import (
     Act,
     Bye,
+    CodecError,
     Hello,
     Message,
     ModelOp,
@@ -36,7 +38,12 @@ from mainspring.transport.messages import (
     encode,
     metas_of,
 )
-from mainspring.transport.security import HANDSHAKE_FAILED, report_failed_handshakes, secure_controller
+from mainspring.transport.security import (
+    HANDSHAKE_FAILED,
+    HANDSHAKE_LOG_EVERY_S,
+    report_failed_handshakes,
+    secure_controller,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,24 @@ class RemoteWorker:
         self._hub.forget(self)
 
 
+class _StrayLog:
+    """Frames from peers that never joined: the first warning at once, then at most one per
+    ``HANDSHAKE_LOG_EVERY_S`` with how many were held back (a flood must not flood the log)."""
+
+    def __init__(self) -> None:
+        self._last = float("-inf")
+        self._held = 0
+
+    def report(self, text: str) -> None:
+        now = time.monotonic()
+        if now - self._last < HANDSHAKE_LOG_EVERY_S:
+            self._held += 1
+            return
+        more = f" ({self._held} more such since the last warning)" if self._held else ""
+        log.warning("%s%s", text, more)
+        self._last, self._held = now, 0
+
+
 class WorkerHub:
     def __init__(
         self,
@@ -99,6 +124,7 @@ class WorkerHub:
         self._workers: dict[bytes, RemoteWorker] = {}
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._stray = _StrayLog()
 
     @property
     def endpoint(self) -> str:
@@ -159,16 +185,25 @@ class WorkerHub:
             identity, *frames = await self._socket.recv_multipart()
             try:
                 self._dispatch(identity, frames)
-            except Exception:  # a bad message must not stop the controller
-                log.exception("bad message from worker %r", identity)
+            except Exception:  # a bug must not stop the controller
+                log.exception("could not handle a message from worker %r", identity)
 
     def _dispatch(self, identity: bytes, frames: list[bytes]) -> None:
-        message, samples = decode(frames)
-        now = self._clock.now_ns()
         worker = self._workers.get(identity)
+        try:
+            message, samples = decode(frames)
+        except CodecError as error:
+            if worker is not None and worker.joined:  # its actions' results may never come: drop it now
+                self._events.on_bad_message(worker, str(error))
+            else:
+                self._stray.report(f"frames from a peer that has not joined ({identity!r}) dropped: {error}")
+            return
+        now = self._clock.now_ns()
         if isinstance(message, Hello):
             if self._closing:
                 return  # a worker rejoining too soon: it says hello again, to the next controller
+            if self._events.rejoin_wait_s(message.worker) > 0:
+                return  # dropped lately: its hellos go unanswered until its backoff runs out
             if worker is not None and worker.joined:
                 self._lose(worker)  # the same worker restarted: what it had in flight is gone
             worker = self._workers[identity] = RemoteWorker(self, identity, message, now)

@@ -1,7 +1,8 @@
 """Who may call what: an optional bearer token, compared in constant time.
 
 Health stays open (orchestrators probe it without credentials). With a token set, the
-repository API (loading and unloading models changes what the server runs) needs it; with
+repository API (loading and unloading models changes what the server runs) and the registration of
+shared memory (it maps a client's memory into the server) need it; with
 ``protect_inference`` too, so does everything else: inference, metadata, statistics, metrics.
 """
 
@@ -43,11 +44,14 @@ class Access:
         return scheme.lower() == "bearer" and hmac.compare_digest(given, self._expected)
 
 
+_SHARED_MEMORY = ("/v2/systemsharedmemory/", "/v2/cudasharedmemory/")
+
+
 def http_scope(path: str) -> Scope:
     if path.startswith("/v2/health/") or (path.startswith("/v2/models/") and path.endswith("/ready")):
         return Scope.HEALTH  # as gRPC's ServerLive, ServerReady and ModelReady
-    if path.startswith("/v2/repository/"):
-        return Scope.REPOSITORY
+    if path.startswith("/v2/repository/") or (path.startswith(_SHARED_MEMORY) and not path.endswith("/status")):
+        return Scope.REPOSITORY  # registering shared memory maps host memory into the server: as a model load
     return Scope.INFERENCE
 
 
@@ -56,6 +60,7 @@ def grpc_scope(method: str) -> Scope:
     name = method.rsplit("/", 1)[-1]
     if name in ("ServerLive", "ServerReady", "ModelReady"):
         return Scope.HEALTH
-    if name.startswith("Repository"):
+    if name.startswith("Repository") or (name.startswith(("SystemSharedMemory", "CudaSharedMemory"))
+                                         and not name.endswith("Status")):  # fmt: skip
         return Scope.REPOSITORY
     return Scope.INFERENCE

@@ -23,6 +23,7 @@ from mainspring.frontend.errors import InferenceError
 from mainspring.frontend.extensions import check_priority, classify, refuse_sequence
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.port import ControllerPort, ServedModel, ServiceError
+from mainspring.frontend.shared_memory import SharedMemoryRegions
 from mainspring.models.errors import ModelLoadError
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol import Outcome
@@ -40,11 +41,19 @@ def platform(model_format: str) -> str:
     return PLATFORMS.get(model_format, f"pytorch_{model_format}")
 
 
-EXTENSIONS = ["model_repository", "statistics", "binary_tensor_data", "parameters", "classification"]
+EXTENSIONS = [
+    "model_repository", "statistics", "binary_tensor_data", "parameters", "classification", "system_shared_memory",
+]  # fmt: skip
 __all__ = ["HTTP_STATUS", "DataPlane", "InferenceError", "Tensor", "decode_tensor"]
 
 
 MAX_DIMENSIONS = 32  # numpy's own limit is 64
+
+
+def unknown_model(name: str, version: str = "") -> str:
+    """Triton's words for a model (or version) not served: its clients' examples match on the start."""
+    return f"Request for unknown model: '{name}'{version} is not found"
+
 
 _SERVICE_STATUS = {"not_found": 404, "invalid": 400, "unavailable": 503, "overloaded": 429}
 
@@ -67,12 +76,14 @@ class DataPlane:
         name: str = "mainspring",
         limits: RequestLimits | None = None,
         access: Access | None = None,
+        shared_memory: SharedMemoryRegions | None = None,
     ) -> None:
         self.service = service
         self.repo = repo
         self.name = name
         self.limits = limits or RequestLimits()
         self.access = access or Access()
+        self.shared_memory = shared_memory or SharedMemoryRegions()  # one per server: ``serve`` shares its folder
         self.dropped = DroppedClients(service.count_dropped_client)  # clients gone mid-request or cut off
 
     # --- health and metadata -----------------------------------------------------------------
@@ -96,9 +107,9 @@ class DataPlane:
             if self.service.device_count == 0 and (self.repo is None or name in self.repo.models()):
                 message = f"model {name!r} is not served yet: no worker is connected"
                 raise InferenceError(503, message, Outcome.NO_WORKER)
-            raise InferenceError(404, f"unknown model {name!r}")
+            raise InferenceError(404, unknown_model(name))
         if version not in (None, "", str(served.version)):
-            raise InferenceError(404, f"model {name!r} has no version {version!r} (serving version {served.version})")
+            raise InferenceError(404, unknown_model(name, f" version {version} (serving version {served.version})"))
         return served
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
@@ -152,7 +163,7 @@ class DataPlane:
             served = self.service.models.get(model)
             if served is None:  # unloaded while its statistics were read (a remote frontend's await)
                 if name:
-                    raise InferenceError(404, f"unknown model {name!r}")
+                    raise InferenceError(404, unknown_model(name))
                 continue  # asked for every model: the others are still answered
             stats.append({
                 "name": model,

@@ -1,5 +1,5 @@
 """Protocol extensions beyond KServe v2's core: Triton's classification (served), priority (accepted, one level)
-and shared memory (refused).
+and sequences (refused).
 
 Classification:
 An output requested with the parameter ``classification: N`` is returned as its top N classes
@@ -16,9 +16,8 @@ every level is served alike, by deadline, as Triton serves a model that configur
 ``priority_levels``; the request's SLO (``timeout``) is what orders it. A value that is not a
 non-negative integer is refused, as Triton refuses it, rather than read as some level.
 
-Shared memory (``shared_memory_region`` on an input or output): the server does not list the
-extensions, and a client that uses them anyway sends no data or expects none back; refused by name
-rather than answered with data it did not ask for.
+Shared memory (``shared_memory_region`` on an input or output): Triton's system shared-memory
+extension, served by ``frontend/shared_memory.py``; CUDA shared memory is refused by name.
 """
 
 from __future__ import annotations
@@ -33,15 +32,6 @@ from mainspring.frontend.errors import InferenceError
 
 PARAMETER = "classification"
 SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
-SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
-
-
-def refuse_shared_memory(parameters: Mapping[str, Any], where: str) -> None:
-    """400 for a tensor placed in shared memory: Mainspring takes and returns tensors in the request."""
-    used = [key for key in SHARED_MEMORY if key in parameters]
-    if used:
-        raise InferenceError(400, f"{where}: {used[0]} is not supported (no shared-memory extension): "
-                                  "send the tensor in the request")  # fmt: skip
 
 
 def refuse_sequence(parameters: Mapping[str, Any]) -> None:

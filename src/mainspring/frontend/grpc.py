@@ -22,8 +22,9 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from mainspring.frontend.access import UNAUTHORIZED, Access, grpc_scope
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
-from mainspring.frontend.extensions import class_count, refuse_shared_memory, serialize_bytes
+from mainspring.frontend.extensions import class_count, serialize_bytes
 from mainspring.frontend.limits import RequestLimits
+from mainspring.frontend.shared_memory import CUDA_UNSUPPORTED, Placement, SharedMemoryRegions, placement
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ _CODES = {
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     500: grpc.StatusCode.INTERNAL,
+    501: grpc.StatusCode.UNIMPLEMENTED,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
@@ -147,6 +149,46 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
         return await _guard(context, work)
 
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            reply = pb.SystemSharedMemoryStatusResponse()
+            for region in self.plane.shared_memory.status(request.name):
+                reply.regions[region.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**vars(region)))
+            return reply
+
+        return await _guard(context, work)
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            self.plane.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+            return pb.SystemSharedMemoryRegisterResponse()
+
+        return await _guard(context, work)
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            self.plane.shared_memory.unregister(request.name)
+            return pb.SystemSharedMemoryUnregisterResponse()
+
+        return await _guard(context, work)
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            if request.name:  # none is ever registered
+                raise InferenceError(400, f"Unable to find cuda shared memory region: {request.name!r}")
+            return pb.CudaSharedMemoryStatusResponse()
+
+        return await _guard(context, work)
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        async def work() -> Any:
+            raise InferenceError(501, CUDA_UNSUPPORTED)
+
+        return await _guard(context, work)
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.CudaSharedMemoryUnregisterResponse()  # nothing to forget: none is ever registered
+
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
         return await _guard(context, lambda: self._infer(request))
 
@@ -205,20 +247,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             )
         _check_strings(request, limits)
         parameters = _parameters(request.parameters)
-        inputs = _inputs(request, self.plane.limits)
+        regions = self.plane.shared_memory
+        inputs = _inputs(request, self.plane.limits, regions)
         self.plane.limits.check_count("outputs", len(request.outputs))
-        requested = {}
+        requested, placed = {}, {}
         for output in request.outputs:
             output_parameters = _parameters(output.parameters)
-            refuse_shared_memory(output_parameters, f"output {output.name[:64]!r}")
             requested[output.name] = class_count(output_parameters, output.name[:64])
+            if (where := placement(output_parameters, f"output {output.name[:64]!r}")) is not None:
+                regions.check(where, f"output {output.name[:64]!r}")  # refused before the model runs
+                placed[output.name] = where
         served, outputs = await self.plane.infer(
             request.model_name, request.model_version or None, inputs, requested or None, parameters
         )
         reply = pb.ModelInferResponse(model_name=request.model_name, model_version=str(served.version), id=request.id)
         for tensor in outputs:
-            reply.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+            added = reply.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
             raw = serialize_bytes(tensor.data) if tensor.datatype == "BYTES" else tensor.data.tobytes()
+            if (where := placed.get(tensor.name)) is not None:
+                _place(regions, where, raw, added)
+                raw = b""  # kept in line: tritonclient finds an output's contents by its position
             reply.raw_output_contents.append(raw)
         return reply
 
@@ -240,20 +288,33 @@ def _check_strings(request: Any, limits: RequestLimits) -> None:
         limits.check_string(what, text)
 
 
-def _inputs(request: Any, limits: RequestLimits) -> list[Tensor]:
+def _place(regions: SharedMemoryRegions, where: Placement, raw: bytes, output: Any) -> None:
+    """Write an output's bytes to its shared-memory region, and say so in its entry of the reply."""
+    regions.write(where, raw, f"output {output.name[:64]!r}")
+    output.parameters["shared_memory_region"].string_param = where.region
+    output.parameters["shared_memory_byte_size"].int64_param = len(raw)
+
+
+def _inputs(request: Any, limits: RequestLimits, regions: SharedMemoryRegions) -> list[Tensor]:
     limits.check_count("inputs", len(request.inputs))
-    raw_contents = list(request.raw_input_contents)
-    if raw_contents and len(raw_contents) != len(request.inputs):
-        raise InferenceError(400, f"{len(raw_contents)} raw_input_contents for {len(request.inputs)} inputs")
+    placements = [placement(_parameters(t.parameters), f"input {t.name[:64]!r}") for t in request.inputs]
+    raw_contents = list(request.raw_input_contents)  # one per input not in shared memory, in order (tritonclient's)
+    carried = sum(where is None for where in placements)
+    if raw_contents and len(raw_contents) != carried:
+        raise InferenceError(400, f"{len(raw_contents)} raw_input_contents for {carried} inputs not in shared memory")
+    raw_of = iter(raw_contents)
     tensors, count = [], 0
-    for index, entry in enumerate(request.inputs):
-        refuse_shared_memory(_parameters(entry.parameters), f"input {entry.name[:64]!r}")
+    for entry, where in zip(request.inputs, placements, strict=True):
         shape = list(entry.shape)
         given = [f.name for f, _ in entry.contents.ListFields()] if entry.HasField("contents") else []
-        if raw_contents and given:  # two sources of one tensor's data: which one is meant is unknown
-            raise InferenceError(400, f"input {entry.name[:64]!r}: contents must be empty with raw_input_contents")
-        if raw_contents:
-            tensor, count = decode_tensor(entry.name, entry.datatype, shape, None, raw_contents[index], limits, count)
+        if (raw_contents or where is not None) and given:  # two sources of one tensor's data: which is meant?
+            source = "shared_memory_region" if where is not None else "raw_input_contents"
+            raise InferenceError(400, f"input {entry.name[:64]!r}: contents must be empty with {source}")
+        if where is not None:
+            raw = regions.read(where, f"input {entry.name[:64]!r}")
+            tensor, count = decode_tensor(entry.name, entry.datatype, shape, None, raw, limits, count)
+        elif raw_contents:
+            tensor, count = decode_tensor(entry.name, entry.datatype, shape, None, next(raw_of), limits, count)
         else:
             field = _CONTENTS.get(entry.datatype)
             if field is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -20,9 +21,10 @@ from mainspring.frontend.connections import ConnectionGuard, GuardedSite, ensure
 from mainspring.frontend.dashboard import page as dashboard_page
 from mainspring.frontend.dashboard import timeline_seconds
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
-from mainspring.frontend.extensions import class_count, json_bytes, refuse_shared_memory, serialize_bytes
+from mainspring.frontend.extensions import class_count, json_bytes, serialize_bytes
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.openapi import openapi_document
+from mainspring.frontend.shared_memory import CUDA_UNSUPPORTED, Placement, SharedMemoryRegions, placement
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +141,38 @@ async def repository_unload(request: web.Request) -> web.Response:
     return web.json_response({})
 
 
+async def shm_status(request: web.Request) -> web.Response:
+    regions = _plane(request).shared_memory.status(request.match_info.get("region", ""))
+    return web.json_response([vars(region) for region in regions])
+
+
+async def shm_register(request: web.Request) -> web.Response:
+    document = await _optional_object(request)
+    name = request.match_info["region"]
+    _plane(request).shared_memory.register(name, document.get("key"), document.get("offset", 0),
+                                           document.get("byte_size"))  # fmt: skip
+    return web.json_response({})
+
+
+async def shm_unregister(request: web.Request) -> web.Response:
+    _plane(request).shared_memory.unregister(request.match_info.get("region", ""))
+    return web.json_response({})
+
+
+async def cuda_shm_status(request: web.Request) -> web.Response:
+    if region := request.match_info.get("region"):  # none is ever registered
+        raise InferenceError(400, f"Unable to find cuda shared memory region: {region!r}")
+    return web.json_response([])
+
+
+async def cuda_shm_register(request: web.Request) -> web.Response:
+    raise InferenceError(501, CUDA_UNSUPPORTED)
+
+
+async def cuda_shm_unregister(request: web.Request) -> web.Response:
+    return web.json_response({})  # nothing to forget: none is ever registered
+
+
 async def _optional_object(request: web.Request) -> dict[str, Any]:
     """The body of a repository call: none, or a JSON object."""
     body = await _body(request)
@@ -181,11 +215,12 @@ async def infer(request: web.Request) -> web.Response:
     parameters = _dict(document.get("parameters", {}), "parameters")
     if not isinstance(document.get("id", ""), str):
         raise InferenceError(400, f"id must be a string, got {document['id']!r}"[:200])
-    inputs = _inputs(document.get("inputs"), binary, limits)
-    requested = _requested_outputs(document.get("outputs"), limits)
+    regions = _plane(request).shared_memory
+    inputs = _inputs(document.get("inputs"), binary, limits, regions)
+    requested = _requested_outputs(document.get("outputs"), limits, regions)
     binary_all = _flag(parameters, "binary_data_output", "parameters")
     model = request.match_info["model"]
-    classes = {name: count for name, (_, count) in requested.items()}
+    classes = {name: wanted.classes for name, wanted in requested.items()}
     served, outputs = await _plane(request).infer(model, _version(request), inputs, classes or None, parameters)
     reply: dict[str, Any] = {"model_name": model, "model_version": str(served.version), "outputs": []}
     if "id" in document:
@@ -194,10 +229,16 @@ async def infer(request: web.Request) -> web.Response:
     for tensor in outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         text_bytes = tensor.datatype == "BYTES"
-        if requested.get(tensor.name, (binary_all, 0))[0]:
+        wanted = requested.get(tensor.name, _Wanted(binary_all))
+        if wanted.binary or wanted.placement is not None:
             raw = serialize_bytes(tensor.data) if text_bytes else tensor.data.tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            chunks.append(raw)
+            if wanted.placement is not None:  # written where the client reads it: no data in the reply
+                regions.write(wanted.placement, raw, f"output {tensor.name!r}")
+                entry["parameters"] = {"shared_memory_region": wanted.placement.region,
+                                       "shared_memory_byte_size": len(raw)}  # fmt: skip
+            else:
+                entry["parameters"] = {"binary_data_size": len(raw)}
+                chunks.append(raw)
         else:
             entry["data"] = json_bytes(tensor.data) if text_bytes else tensor.data.ravel().tolist()
         reply["outputs"].append(entry)
@@ -250,7 +291,7 @@ def _flag(parameters: dict[str, Any], key: str, where: str) -> bool:
     return value
 
 
-def _inputs(value: Any, binary: bytes, limits: RequestLimits) -> list[Tensor]:
+def _inputs(value: Any, binary: bytes, limits: RequestLimits, regions: SharedMemoryRegions) -> list[Tensor]:
     if not isinstance(value, list) or not value:
         raise InferenceError(400, "inputs must be a non-empty list")
     limits.check_count("inputs", len(value))
@@ -264,10 +305,13 @@ def _inputs(value: Any, binary: bytes, limits: RequestLimits) -> list[Tensor]:
         if not isinstance(datatype, str):
             raise InferenceError(400, f"input {name!r}: datatype must be a string")
         parameters = _dict(entry.get("parameters", {}), f"input {name!r} parameters")
-        refuse_shared_memory(parameters, f"input {name!r}")
         size = parameters.get("binary_data_size")
         raw = None
-        if size is not None:
+        if (where := placement(parameters, f"input {name!r}")) is not None:
+            if "data" in entry or size is not None:  # two sources of one tensor's data
+                raise InferenceError(400, f"input {name!r}: data must be left out with shared_memory_region")
+            raw = regions.read(where, f"input {name!r}")
+        elif size is not None:
             if "data" in entry:  # two sources of one tensor's data: which one is meant is unknown (as over gRPC)
                 raise InferenceError(400, f"input {name!r}: data must be left out with binary_data_size")
             if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(binary):
@@ -282,9 +326,19 @@ def _inputs(value: Any, binary: bytes, limits: RequestLimits) -> list[Tensor]:
     return tensors
 
 
-def _requested_outputs(value: Any, limits: RequestLimits) -> dict[str, tuple[bool, int]]:
-    """Requested output names, each with whether it is wanted as binary data and how many classes
-    are asked for instead of its values (0: none; the classification extension)."""
+@dataclass(frozen=True)
+class _Wanted:
+    """How a requested output is to be returned: as binary data, as its top classes (``classes`` > 0:
+    the classification extension), in a shared-memory region (``placement``)."""
+
+    binary: bool
+    classes: int = 0
+    placement: Placement | None = None
+
+
+def _requested_outputs(value: Any, limits: RequestLimits, regions: SharedMemoryRegions) -> dict[str, _Wanted]:
+    """Requested output names, each with how it is wanted; a shared-memory placement it could not be
+    written to is refused now, before the model runs."""
     if value is None:
         return {}
     if not isinstance(value, list):
@@ -297,9 +351,10 @@ def _requested_outputs(value: Any, limits: RequestLimits) -> dict[str, tuple[boo
         if not isinstance(name, str):
             raise InferenceError(400, f"outputs[{index}].name must be a string")
         parameters = _dict(entry.get("parameters", {}), f"output {name!r} parameters")
-        refuse_shared_memory(parameters, f"output {name!r}")
         binary = _flag(parameters, "binary_data", f"output {name!r} parameters")
-        requested[name] = (binary, class_count(parameters, name))
+        if (where := placement(parameters, f"output {name!r}")) is not None:
+            regions.check(where, f"output {name!r}")
+        requested[name] = _Wanted(binary, class_count(parameters, name), where)
     return requested
 
 
@@ -335,6 +390,16 @@ def make_app(plane: DataPlane) -> web.Application:
         post("/v2/repository/index", repository_index),
         post("/v2/repository/models/{model}/load", repository_load),
         post("/v2/repository/models/{model}/unload", repository_unload),
+        get("/v2/systemsharedmemory/status", shm_status),
+        get("/v2/systemsharedmemory/region/{region}/status", shm_status),
+        post("/v2/systemsharedmemory/region/{region}/register", shm_register),
+        post("/v2/systemsharedmemory/unregister", shm_unregister),
+        post("/v2/systemsharedmemory/region/{region}/unregister", shm_unregister),
+        get("/v2/cudasharedmemory/status", cuda_shm_status),
+        get("/v2/cudasharedmemory/region/{region}/status", cuda_shm_status),
+        post("/v2/cudasharedmemory/region/{region}/register", cuda_shm_register),
+        post("/v2/cudasharedmemory/unregister", cuda_shm_unregister),
+        post("/v2/cudasharedmemory/region/{region}/unregister", cuda_shm_unregister),
     ])  # fmt: skip
     return app
 

@@ -42,8 +42,8 @@ class ModelProfile:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.weights_bytes <= 0:
-            problems.append(f"weights_bytes={self.weights_bytes} must be positive")
+        if self.weights_bytes < 0:
+            problems.append(f"weights_bytes={self.weights_bytes} must not be negative")
         if self.load_ns < 0:
             problems.append(f"load_ns={self.load_ns} must not be negative")
         if not self.exec_ns:
@@ -77,6 +77,12 @@ class ModelProfile:
 
     def pages(self, page_bytes: int) -> int:
         return pages_needed(self.weights_bytes, page_bytes, self.tensor_bytes)
+
+    @property
+    def weightless(self) -> bool:
+        """Nothing to page (all it needs is in its graph): resident wherever it is registered, never
+        loaded or evicted."""
+        return self.weights_bytes == 0 and not self.tensor_bytes
 
     def renamed(self, model: str) -> ModelProfile:
         """The same measurements under another model name (copies of one model)."""

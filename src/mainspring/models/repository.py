@@ -72,6 +72,14 @@ class ModelRepository:
             raise ModelLoadError(f"model {model!r}: {folder} leads outside the repository")
         return folder
 
+    def config_file(self, model: str, version: int | None = None) -> Path:
+        """The model's config: Triton's ``config.pbtxt`` beside its versions, or the version's ``config.json``."""
+        from mainspring.models.triton_config import TRITON_CONFIG
+
+        return (
+            self._folder(model) / TRITON_CONFIG if self.is_triton(model) else self.path(model, version) / "config.json"
+        )
+
     def _folder(self, model: str) -> Path:
         if not MODEL_NAME.fullmatch(model):
             raise ModelLoadError(f"model name {model!r} is not a plain name (letters, digits, '_', '.', '-')")

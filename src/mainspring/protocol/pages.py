@@ -46,7 +46,8 @@ def pack_first_fit_decreasing(tensor_bytes: Sequence[int], page_bytes: int) -> l
 
 
 def pages_needed(weights_bytes: int, page_bytes: int, tensor_bytes: Sequence[int] | None = None) -> int:
-    """Pages a model occupies: packed tensors when their sizes are known, else a ceiling."""
+    """Pages a model occupies: packed tensors when their sizes are known, else a ceiling; none for a model
+    without weights (Triton's ``simple``: its graph holds all it needs, so nothing is paged)."""
     if tensor_bytes:
         return len(pack_first_fit_decreasing(tensor_bytes, page_bytes))
-    return max(1, -(-weights_bytes // page_bytes))
+    return -(-weights_bytes // page_bytes) if weights_bytes > 0 else 0

@@ -56,9 +56,11 @@ class PolicyBookkeeping:
     def adoptable(self, spec: DeviceSpec) -> list[tuple[str, int]]:
         """The models a joining device already holds that this policy serves, with their pages, in the
         order reported, as many as fit its pool (``add_device``: a worker rejoining a restarted
-        controller keeps its weights, and the policy books them as loaded)."""
+        controller keeps its weights, and the policy books them as loaded), then every served model
+        without weights (resident wherever a worker registered it: nothing to load)."""
         adopted, free = [], spec.total_pages
-        for model in dict.fromkeys(spec.resident):
+        weightless = [model for model, profile in self.profiles.items() if profile.weightless]
+        for model in dict.fromkeys([*spec.resident, *weightless]):
             if model in self.profiles and (pages := self.pages_of(model, spec)) <= free:
                 adopted.append((model, pages))
                 free -= pages
@@ -69,6 +71,23 @@ class PolicyBookkeeping:
         if profile.model in self.profiles:
             raise ValueError(f"model {profile.model!r} is already served")
         self.profiles[profile.model] = profile
+        if profile.weightless:
+            self._hold_everywhere(profile.model)
+
+    def _hold_weightless(self) -> None:
+        """Book every model without weights as resident on every device (a policy built with its devices)."""
+        for model, profile in self.profiles.items():
+            if profile.weightless:
+                self._hold_everywhere(model)
+
+    def _hold_everywhere(self, model: str) -> None:
+        """Book ``model``, which has no weights, as resident on every device (each policy its own way)."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve models without weights")
+
+    def evictable(self, model: str) -> bool:
+        """May a policy evict ``model``? Not one without weights: it frees nothing, and is always resident."""
+        profile = self.profiles.get(model)
+        return profile is None or not profile.weightless
 
     def _forget_model(self, model: str) -> None:
         del self.profiles[model]

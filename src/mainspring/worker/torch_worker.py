@@ -169,42 +169,53 @@ class TorchWorker:
         with self._lock, switching_often():  # the exec lane keeps serving the models already here
             if key in self._models:
                 raise ModelLoadError(f"model {key!r} is already registered")
-            config, module = load_module(self.repo, model, version, self._devices[0].device)
-            if key != model:
-                config = msgspec.structs.replace(config, name=key)
-            first = self._devices[0]
             try:
-                pin_for = first.device if first.device.type == "cuda" else None
-                host = HostModel.from_tensors(config, state_tensors(module), first.spec.page_bytes, pin_for)
-            except PinningError as error:  # page-locked host memory is limited: refuse this model alone
-                drop_weights(module)  # moved to the GPU already, perhaps
-                reason = f"cannot hold its weights in page-locked host memory: {error}"
-                raise ModelLoadError(f"model {model!r}: {reason}") from None
-            timings: dict[int, list[int]] = {}
-            try:
-                for index, device in enumerate(self._devices):
-                    module_here = module if index == 0 else load_module(self.repo, model, version, device.device)[1]
-                    timings = device.add(host, module_here)
-            except Exception as error:  # whatever the model raises (torch.export's guards: AssertionError)
+                return self._register(model, version, key)
+            except ModelLoadError:
+                raise
+            except Exception as error:  # a bad config, a profile that does not validate: this model alone fails
                 for device in self._devices:
                     device.remove(key)
                 reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                raise ModelLoadError(
-                    f"model {model!r}: does not run as {self.repo.path(model, version)}/config.json "
-                    f"describes it: {reason}"
-                ) from error
-            profile = self._stored_profile(model, host, version) or self._measured_profile(host, timings)
-            self._models[key] = (config, profile)
-            self._versions[key] = self.repo.latest_version(model) if version is None else version
-            self.load_errors.pop(model, None)
-            log.info(
-                "serving %s (%d tensors, %.1f MB, %d pages)",
-                key,
-                len(host.host),
-                host.weights_bytes / 1e6,
-                len(host.layout),
-            )
-            return profile
+                raise ModelLoadError(f"model {model!r}: {reason}") from error
+
+    def _register(self, model: str, version: int | None, key: str) -> ModelProfile:
+        """``register`` under the lock: read the file, hold its weights, warm it up on every device, profile it."""
+        config, module = load_module(self.repo, model, version, self._devices[0].device)
+        if key != model:
+            config = msgspec.structs.replace(config, name=key)
+        first = self._devices[0]
+        try:
+            pin_for = first.device if first.device.type == "cuda" else None
+            host = HostModel.from_tensors(config, state_tensors(module), first.spec.page_bytes, pin_for)
+        except PinningError as error:  # page-locked host memory is limited: refuse this model alone
+            drop_weights(module)  # moved to the GPU already, perhaps
+            reason = f"cannot hold its weights in page-locked host memory: {error}"
+            raise ModelLoadError(f"model {model!r}: {reason}") from None
+        timings: dict[int, list[int]] = {}
+        try:
+            for index, device in enumerate(self._devices):
+                module_here = module if index == 0 else load_module(self.repo, model, version, device.device)[1]
+                timings = device.add(host, module_here)
+        except Exception as error:  # whatever the model raises (torch.export's guards: AssertionError)
+            for device in self._devices:
+                device.remove(key)
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ModelLoadError(
+                f"model {model!r}: does not run as {self.repo.config_file(model, version)} describes it: {reason}"
+            ) from error
+        profile = self._stored_profile(model, host, version) or self._measured_profile(host, timings)
+        self._models[key] = (config, profile)
+        self._versions[key] = self.repo.latest_version(model) if version is None else version
+        self.load_errors.pop(model, None)
+        log.info(
+            "serving %s (%d tensors, %.1f MB, %d pages)",
+            key,
+            len(host.host),
+            host.weights_bytes / 1e6,
+            len(host.layout),
+        )
+        return profile
 
     def unregister(self, model: str) -> None:
         """Stop serving ``model`` and free its pages. The controller must not send it actions afterwards."""

@@ -73,6 +73,7 @@ class ReactiveScheduler(PolicyBookkeeping):
         self._batches: dict[int, list[Request]] = {}
         self._delay_ns = ms_to_ns(config.max_queue_delay_ms)
         self._timeout_ns = None if config.queue_timeout_ms is None else ms_to_ns(config.queue_timeout_ms)
+        self._hold_weightless()
 
     # --- hooks for subclasses -------------------------------------------------
     def batch_limit(self, model: str) -> int:
@@ -141,6 +142,11 @@ class ReactiveScheduler(PolicyBookkeeping):
             device.resident[model] = -1
             device.free_pages -= pages
             self._placement.setdefault(model, spec.device)
+
+    def _hold_everywhere(self, model: str) -> None:
+        for device in self._devices.values():
+            device.resident[model] = -1
+            self._placement.setdefault(model, device.spec.device)
 
     def remove_device(self, device: int, now_ns: int) -> None:
         gone = self._devices.pop(device)
@@ -232,7 +238,7 @@ class ReactiveScheduler(PolicyBookkeeping):
         for model in device.resident:
             if freed >= need:
                 break
-            if model in self._queues or model == device.running:
+            if model in self._queues or model == device.running or not self.evictable(model):
                 continue
             victims.append(model)
             freed += self.pages_of(model, device.spec)

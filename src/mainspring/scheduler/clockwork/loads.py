@@ -325,6 +325,9 @@ class LoadPlanner:
                 break
             if held in device.pinned or held in taken or (idle_only and held in self._queues):
                 continue
+            held_pages = self._pages(held, device)
+            if not held_pages:  # a model without weights: evicting it frees nothing
+                continue
             found.append(held)
-            pages += self._pages(held, device)
+            pages += held_pages
         return found

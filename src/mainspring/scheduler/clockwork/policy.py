@@ -110,6 +110,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         self._measured_ns: dict[str, int] = {}  # per model: its smallest batch's last measurement or probe
         self._probes: list[Infer] = []  # issued by ``on_request``, handed out by the next ``schedule``
         self._gather_until = NEVER  # this pass: the first moment a device stops waiting to fill a batch
+        self._hold_weightless()
 
     def _estimator(self, cpu_percentile: float) -> Estimator:
         config = self.config
@@ -192,6 +193,10 @@ class ClockworkScheduler(PolicyBookkeeping):
         device = self.residency.device(spec.device)
         for model, pages in self.adoptable(spec):
             self.residency.hold(device, model, 0, pages)  # usable now; least recently used
+
+    def _hold_everywhere(self, model: str) -> None:
+        for device in self.residency.devices:
+            self.residency.hold(device, model, 0, 0)
 
     def remove_device(self, device: int, now_ns: int) -> None:
         if self.guard is not None:

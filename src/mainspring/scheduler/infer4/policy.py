@@ -191,12 +191,20 @@ class Infer4Scheduler(PolicyBookkeeping):
         device = self.devices[spec.device] = _Device(spec)
         self.tracker.add_device(spec.device)
         for model, pages in self.adoptable(spec):
-            device.loaded.add(model)
-            device.free_pages -= pages
-            self.tracker.load_started(model, spec.device)
-            self.tracker.load_finished(model, spec.device, True)
-            for queued in self.models[model].queue if model in self.models else ():
-                self._add_strategies(device, model, queued)
+            self._adopt(device, model, pages)
+
+    def _adopt(self, device: _Device, model: str, pages: int) -> None:
+        """Book ``model`` as loaded on ``device`` (its weights are there already, or it has none)."""
+        device.loaded.add(model)
+        device.free_pages -= pages
+        self.tracker.load_started(model, device.spec.device)
+        self.tracker.load_finished(model, device.spec.device, True)
+        for queued in self.models[model].queue if model in self.models else ():
+            self._add_strategies(device, model, queued)
+
+    def _hold_everywhere(self, model: str) -> None:
+        for device in self.devices.values():
+            self._adopt(device, model, 0)
 
     def remove_device(self, device: int, now_ns: int) -> None:
         del self.devices[device]
@@ -384,7 +392,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         need = self.pages_of(name, device.spec)
         if need > device.spec.total_pages:
             return
-        held = [m for m in sorted(device.loaded) if m not in device.busy]  # sorted: runs repeat across processes
+        held = [m for m in sorted(device.loaded) if m not in device.busy and self.evictable(m)]  # sorted: repeatable
         for victim in self.tracker.eviction_order(device.spec.device, held):
             if device.free_pages >= need:
                 break

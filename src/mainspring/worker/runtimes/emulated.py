@@ -199,7 +199,7 @@ class EmulatedDevice:
         if profile is None:
             return ActionStatus.ERROR, f"unknown model {action.model!r}"
         if isinstance(action, Infer):
-            if action.model not in self._resident:
+            if action.model not in self._resident and not profile.weightless:  # one without weights: always
                 return ActionStatus.NOT_RESIDENT, f"{action.model} is not resident"
             if action.batch_size not in profile.exec_ns or len(action.request_ids) > action.batch_size:
                 return ActionStatus.ERROR, f"unsupported batch size {action.batch_size} for {action.model}"

@@ -218,6 +218,8 @@ class TorchDevice:
         self._bind(binding, model.host)
         binding.inputs = self.inputs.take(config)
         self._bindings[config.name] = binding
+        if not model.layout:  # no weights to page: resident from now on, never loaded or evicted
+            self._resident[config.name] = Residency(())
         return timings
 
     def remove(self, model: str) -> None:
@@ -258,6 +260,9 @@ class TorchDevice:
         binding = self._bindings.get(action.model)
         if binding is None:
             return self._refuse(action, ActionStatus.ERROR, f"model {action.model!r} is not registered on this worker")
+        if not binding.model.layout:  # nothing to page: it is resident since it registered
+            now = self._clock.now_ns()
+            return ActionResult(action.action_id, action.device, ActionStatus.OK, Timing(now, now))
         if not self.pool_open:
             return self._refuse(action, ActionStatus.ERROR, "the page pool is not allocated yet")
         if action.model in self._resident:
@@ -290,6 +295,9 @@ class TorchDevice:
         if action.model not in self._resident:
             return self._refuse(action, ActionStatus.NOT_RESIDENT, f"{action.model} is not resident")
         begin = self._clock.now_ns()
+        binding = self._bindings.get(action.model)
+        if binding is not None and not binding.model.layout:  # frees nothing: stays resident
+            return ActionResult(action.action_id, action.device, ActionStatus.OK, Timing(begin, begin))
         del self._resident[action.model]
         self.pool.release(action.model)
         return ActionResult(action.action_id, action.device, ActionStatus.OK, Timing(begin, self._clock.now_ns()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -100,6 +102,61 @@ def child_pids(pid: int) -> list[int]:
     """The processes ``pid`` started (Linux: from /proc)."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return [int(child) for child in children]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (started by any of its threads, and theirs in turn; Linux: from /proc)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue  # the thread ended
+        for child in children:
+            found += [child, *descendants(child)]
+    return found
+
+
+def command_line(pid: int) -> list[bytes]:
+    """The arguments process ``pid`` runs with ([] once it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return text.rstrip(b"\0").split(b"\0") if text else []
+
+
+def alive(pid: int) -> bool:
+    return bool(command_line(pid))  # a zombie has no command line left
+
+
+def _listed_pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def workers_on(ports: Iterable[int]) -> dict[int, int]:
+    """The ``mainspring worker`` processes whose controller is on one of ``ports`` (the test's own, so no
+    other server's), each with the process it watches (``--parent-pid``: on Ray, its actor)."""
+    endings = tuple(f":{port}".encode() for port in ports)
+    found = {}
+    for pid in _listed_pids():
+        argv = command_line(pid)
+        if b"--controller" in argv[:-1] and argv[argv.index(b"--controller") + 1].endswith(endings):
+            parent = argv[argv.index(b"--parent-pid") + 1] if b"--parent-pid" in argv[:-1] else b"0"
+            found[pid] = int(parent)
+    return found
+
+
+def cells_on(ports: Iterable[int]) -> dict[int, int]:
+    """The cell controller processes (``mainspring.serve_cells``) whose frontends' channel is on one of
+    ``ports`` (the test's own), by cell index."""
+    endings = [f':{port}","signal_endpoint":'.encode() for port in ports]
+    found = {}
+    for pid in _listed_pids():
+        argv = command_line(pid)
+        if b"mainspring.serve_cells" in argv[:-1] and any(end in argv[-1] for end in endings):
+            found[json.loads(argv[-1])["index"]] = pid
+    return found
 
 
 def rss_mib(pid: int) -> float:

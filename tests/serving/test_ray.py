@@ -13,14 +13,14 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
 from mainspring.models.repository import ModelRepository
 from mainspring.ray_cluster import RayPlacer, RayWorkers
-from tests.serving.processes import ServerProcess, free_port, http_call
+from tests.serving.processes import ServerProcess, alive, free_port, http_call, workers_on
 from tests.serving.test_supervision import metric
 from tests.serving.test_worker_loss import body
 from tests.waiting import wait_for
@@ -77,22 +77,10 @@ def reservations(address: str, env: dict[str, str]) -> list[tuple[str, list[str]
     return [(state, nodes) for state, nodes in json.loads(answer.stdout.splitlines()[-1])]
 
 
-def processes(matching: Callable[[bytes], bool]) -> list[int]:
-    """Processes whose command line ``matching`` accepts."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if matching((entry / "cmdline").read_bytes()):
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
-def actor_pids() -> list[int]:
-    """Processes of the placed worker actors (Ray names them after the running method)."""
-    return processes(lambda command: command.startswith(b"ray::WorkerActor"))
+def actor_pids(worker_ports: Iterable[int]) -> list[int]:
+    """The worker actors this test's server placed: the processes its workers on ``worker_ports`` watch
+    (another server's actors on this machine are not counted)."""
+    return sorted(pid for pid in set(workers_on(worker_ports).values()) if alive(pid))
 
 
 @pytest.mark.slow
@@ -104,11 +92,13 @@ def test_workers_on_a_ray_cluster_are_placed_and_replaced(
     # 64 MiB per device: resnet18 (3 pages) and bert_tiny (2) do not fit on one, so both nodes serve.
     args = ("--ray", address, "--slo-ms", "30000", "--pool-mib", "64")
     server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", *args, env=env)
+    ports = [server.worker_port]
     stop = threading.Event()
     try:
         server.wait_ready(300)  # Ray places two workers; a machine busy with other work takes minutes
         wait_for(lambda: metric(server, "mainspring_devices") == 2, 120)  # a worker on each node
-        assert len(actor_pids()) == 2
+        actors = actor_pids(ports)
+        assert len(actors) == 2, actors
         answers: list[tuple[str, int]] = []
 
         def client(model: str) -> None:
@@ -126,14 +116,15 @@ def test_workers_on_a_ray_cluster_are_placed_and_replaced(
 
         add_node(address, env)  # the cluster grows: the new node gets a worker
         wait_for(lambda: metric(server, "mainspring_devices") == 3, 120)
-        assert len(actor_pids()) == 3
+        actors = actor_pids(ports)
+        assert len(actors) == 3, actors
         # Each node's device is reserved (one placement group per node, its bundle on that node):
         # a replaced worker gets its own slot back, whatever else runs on the cluster.
         held = [(state, nodes) for state, nodes in reservations(address, env) if state == "CREATED"]
         assert len(held) == 3 and all(len(nodes) == 1 for _, nodes in held), held
         assert len({nodes[0] for _, nodes in held}) == 3, held
 
-        os.kill(actor_pids()[0], signal.SIGKILL)  # under load
+        os.kill(actors[0], signal.SIGKILL)  # under load
         log = tmp_path / "server.log"
         wait_for(lambda: "placing it again" in log.read_text(), 60)
         wait_for(lambda: log.read_text().count(" joined: ") == 4 and metric(server, "mainspring_devices") == 3, 120)
@@ -142,7 +133,8 @@ def test_workers_on_a_ray_cluster_are_placed_and_replaced(
         stop.set()
         for thread in clients:
             thread.join()
-        assert len(actor_pids()) == 3
+        assert len(actor_pids(ports)) == 3
+        seen = {*actors, *actor_pids(ports)}
         assert all(status == 200 for _, status in answers), [a for a in answers if a[1] != 200][:5]
         for model in ("resnet18", "bert_tiny"):  # one answer each, all served, none run twice
             _, stats = http_call(f"http://{server.http}/v2/models/{model}/stats")
@@ -151,5 +143,5 @@ def test_workers_on_a_ray_cluster_are_placed_and_replaced(
     finally:
         stop.set()
         assert server.stop() == 0, (tmp_path / "server.log").read_text()
-    wait_for(lambda: not actor_pids(), 30)  # the server took its workers with it
+    wait_for(lambda: not workers_on(ports) and not any(alive(pid) for pid in seen), 30)  # it took its workers
     assert not [g for g in reservations(address, env) if g[0] != "REMOVED"]  # and gave its devices back

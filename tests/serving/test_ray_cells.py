@@ -20,9 +20,9 @@ from mainspring.models.repository import ModelRepository
 from mainspring.ray_cells import RayCells
 from mainspring.ray_cluster import RayPlacer, RayWorkers
 from mainspring.serve_config import ServeConfig
-from tests.serving.processes import ServerProcess, http_call
+from tests.serving.processes import ServerProcess, alive, cells_on, http_call, workers_on
 from tests.serving.test_cells_serve import consecutive_free_ports, samples
-from tests.serving.test_ray import actor_pids, add_node, processes, two_nodes
+from tests.serving.test_ray import actor_pids, add_node, two_nodes
 from tests.serving.test_worker_loss import body
 from tests.waiting import wait_for
 
@@ -39,10 +39,16 @@ def test_a_node_is_cut_into_cells_of_up_to_16_devices_each_with_a_cpu_for_its_co
     assert alone._groups("a", gpus, cpus=1) == [gpus]
 
 
-def cell_pid(index: int) -> int:
-    found = processes(lambda command: b"mainspring.serve_cells" in command and f'"index":{index},'.encode() in command)
-    assert len(found) == 1, found
-    return found[0]
+def cell_ports(first: int, count: int = 3) -> tuple[list[int], list[int]]:
+    """The ports of this test's cells (``ray_cells.PORTS_PER_CELL`` each from ``first``): their workers', and
+    their frontends' channels. Processes are found by these, never another server's on this machine."""
+    return [first + 3 * i for i in range(count)], [first + 3 * i + 1 for i in range(count)]
+
+
+def cell_pid(first: int, index: int) -> int:
+    found = cells_on(cell_ports(first)[1])
+    assert index in found, found
+    return found[index]
 
 
 def devices_by_cell(server: ServerProcess) -> dict[str, float]:
@@ -64,7 +70,8 @@ def test_cells_on_ray_serve_around_a_killed_cell_and_grow_with_the_cluster(
         try:
             server.wait_ready(300)
             assert devices_by_cell(server) == {"0": 1, "1": 1}
-            assert len(actor_pids()) == 2
+            actors = actor_pids(cell_ports(ports)[0])
+            assert len(actors) == 2, actors
 
             def client(model: str) -> None:
                 infer = f"http://{server.http}/v2/models/{model}/infer"
@@ -79,7 +86,7 @@ def test_cells_on_ray_serve_around_a_killed_cell_and_grow_with_the_cluster(
             wait_for(lambda: len(answers) > 40, 120)
 
             killed_at = time.monotonic()
-            os.kill(cell_pid(0), signal.SIGKILL)  # under load
+            os.kill(cell_pid(ports, 0), signal.SIGKILL)  # under load
             wait_for(lambda: "cell 0 is back" in log.read_text(), 60)
             back_after = time.monotonic() - killed_at
             wait_for(lambda: devices_by_cell(server).get("0") == 1, 60)  # its worker rejoined the new process
@@ -95,6 +102,7 @@ def test_cells_on_ray_serve_around_a_killed_cell_and_grow_with_the_cluster(
 
             add_node(address, env, cpus=2)  # the cluster grows: a third cell
             wait_for(lambda: devices_by_cell(server).get("2") == 1, 180)
+            actors += actor_pids(cell_ports(ports)[0])  # the new cell's worker too
             # A model added now goes where there is room: the new cell.
             shutil.copytree(tmp_path / "repo" / "mlp", tmp_path / "repo" / "mlp_extra")
             config = tmp_path / "repo" / "mlp_extra" / "1" / "config.json"
@@ -125,4 +133,5 @@ def test_cells_on_ray_serve_around_a_killed_cell_and_grow_with_the_cluster(
         text = log.read_text()
         assert "cell 0 is gone" in text and text.count("cell 2 joined") == 2  # both frontend processes
         assert "use one made for this run" in text
-        wait_for(lambda: not actor_pids() and not processes(lambda c: b"mainspring.serve_cells" in c), 30)
+        workers, channels = cell_ports(ports)
+        wait_for(lambda: not workers_on(workers) and not cells_on(channels) and not any(map(alive, actors)), 30)

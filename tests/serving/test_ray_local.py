@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mainspring.models.repository import ModelRepository
-from tests.serving.processes import ServerProcess, free_port, http_call
+from tests.serving.processes import ServerProcess, alive, command_line, descendants, free_port, http_call
 
 pytestmark = pytest.mark.slow
 
@@ -26,40 +26,32 @@ def no_cluster_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def raylets() -> list[int]:
-    """Processes of Ray's node managers on this machine."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"raylet" in (entry / "cmdline").read_bytes().split(b"\0")[0]:
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
+def raylets(server: ServerProcess) -> list[int]:
+    """Ray's node managers that ``server`` started (its descendants: not another Ray on this machine)."""
+    return [pid for pid in descendants(server.process.pid) if b"raylet" in b"".join(command_line(pid)[:1])]
 
 
 def test_serve_ray_without_a_cluster_starts_a_local_one_and_stops_it(
     small_zoo: ModelRepository, tmp_path: Path
 ) -> None:
     env = no_cluster_env()
-    before = set(raylets())
     server = ServerProcess(small_zoo.root, tmp_path / "server.log", "--ray", "--slo-ms", "30000", env=env)
     try:
         server.wait_ready()
         body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 256], "data": [0.5] * 256}]}
         status, answer = http_call(f"http://{server.http}/v2/models/mlp/infer", json.dumps(body).encode())
         assert status == 200, answer
-        assert set(raylets()) - before, "no local Ray instance runs"
+        started = raylets(server)
+        assert started, "no local Ray instance runs"
     finally:
         assert server.stop() == 0, (tmp_path / "server.log").read_text()
     text = (tmp_path / "server.log").read_text()
     assert "starting a local one" in text and "Traceback" not in text, text
     assert not re.search(r"mainspring\S* ERROR", text), text
     deadline = time.monotonic() + 60
-    while set(raylets()) - before and time.monotonic() < deadline:
+    while any(map(alive, started)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not set(raylets()) - before, "the local Ray instance outlived the server"
+    assert not any(map(alive, started)), "the local Ray instance outlived the server"
 
 
 def test_serve_ray_at_an_address_nothing_answers_on_says_what_to_run(

@@ -88,3 +88,41 @@ def build_triton_repo(dest: Path) -> ModelRepository:
     for version in (1, 2):
         write_mlp_onnx(dest / "two_versions" / str(version) / "model.onnx")
     return ModelRepository(dest)
+
+
+SIMPLE_CONFIG = """name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
+  {{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
+]
+output [
+  {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
+  {{ name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
+]
+"""
+
+
+def write_simple(root: Path, name: str = "simple", op: str = "Add") -> None:
+    """Triton's first example model in Triton's layout: ``OUTPUT0 = INPUT0 + INPUT1``, ``OUTPUT1 = INPUT0 -
+    INPUT1`` (INT32, 16 each), no weights at all; ``op`` another operator in place of Add (one the runtime
+    lacks: a model that cannot register)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def tensor(tensor_name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(tensor_name, TensorProto.INT32, ["batch", 16])
+
+    domain = "" if op == "Add" else "org.example.missing"
+    nodes = [
+        helper.make_node(op, ["INPUT0", "INPUT1"], ["OUTPUT0"], domain=domain),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+    ]
+    graph = helper.make_graph(nodes, name, [tensor("INPUT0"), tensor("INPUT1")], [tensor("OUTPUT0"), tensor("OUTPUT1")])
+    opsets = [helper.make_opsetid("", 17), *([helper.make_opsetid(domain, 1)] if domain else [])]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    (root / name / "1").mkdir(parents=True, exist_ok=True)
+    (root / name / "config.pbtxt").write_text(SIMPLE_CONFIG.format(name=name))
+    onnx.save(model, str(root / name / "1" / "model.onnx"))

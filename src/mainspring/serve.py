@@ -318,10 +318,12 @@ class Server:
         cells_file = self.cells.cells_file if self.cells is not None else ""
         limits = {f.name: getattr(config, f.name) for f in fields(RequestLimits)}
         repo = str(self.repo.root) if self.repo else ""
+        # Shared-memory registrations are the server's: each frontend process reads them from one folder.
+        shared_memory = str(self._plane.shared_memory.folder) if self._plane is not None else ""
         for index in range(1, count + 1):
             spec = FrontendSpec(endpoint, f"frontend-{index}", config.host, config.http_port, config.grpc_port,
                                 os.getpid(), repo, limits, config.auth_inference, cells, signals,
-                                cells_file)  # fmt: skip
+                                cells_file, shared_memory=shared_memory)  # fmt: skip
             command = [sys.executable, "-m", "mainspring.frontend.process", msgspec.json.encode(spec).decode()]
             self._frontends.append(LocalWorker(spec.name, command, subprocess.Popen(command, env=self._frontend_env())))
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -482,6 +484,7 @@ class Server:
             await self._runner.cleanup()
         if self._plane is not None:
             self._plane.dropped.report()  # what the last interval saw, not left unlogged
+            self._plane.shared_memory.close()  # registrations end with the server
         if self._ray is not None:
             await asyncio.to_thread(self._ray.stop)
         await self.hub.close()

@@ -39,6 +39,7 @@ class FrontendSpec(msgspec.Struct, frozen=True):
     cells: list[str] = []  # serve --cells N: each cell's controller; ``endpoint`` is then unused
     signals: list[str] = []  # and each cell's load signal
     cells_file: str = ""  # cells on Ray: the cells added since, listed by the server (CellsPort follows it)
+    shared_memory: str = ""  # the folder of the server's shared-memory registrations (``SharedMemoryRegions``)
 
 
 TOKEN_ENV = "MAINSPRING_AUTH_TOKEN"
@@ -51,6 +52,7 @@ async def run_frontend(spec: FrontendSpec) -> None:
     from mainspring.frontend.grpc import start_grpc
     from mainspring.frontend.http import start_http
     from mainspring.frontend.limits import RequestLimits
+    from mainspring.frontend.shared_memory import SharedMemoryRegions
     from mainspring.models.repository import ModelRepository
 
     controller: Any
@@ -62,7 +64,8 @@ async def run_frontend(spec: FrontendSpec) -> None:
     await controller.start()
     repo = ModelRepository(spec.repo) if spec.repo else None
     access = Access(os.environ.get(TOKEN_ENV, ""), spec.auth_inference)
-    plane = DataPlane(controller, repo, limits=RequestLimits(**spec.limits), access=access)
+    regions = SharedMemoryRegions(spec.shared_memory or None)
+    plane = DataPlane(controller, repo, limits=RequestLimits(**spec.limits), access=access, shared_memory=regions)
     runner = await start_http(plane, spec.host, spec.http_port, reuse_port=True)
     grpc_server = await start_grpc(plane, f"{spec.host}:{spec.grpc_port}", share_port=True)
     log.info("frontend %s (pid %d) serving HTTP on %s:%d and gRPC on %s:%d", spec.name, os.getpid(),
@@ -77,6 +80,7 @@ async def run_frontend(spec: FrontendSpec) -> None:
     await grpc_server.stop(grace=1.0)
     await runner.cleanup()
     plane.dropped.report()  # what the last interval saw, not left unlogged
+    regions.close()
     await controller.close()
 
 

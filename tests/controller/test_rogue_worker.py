@@ -18,6 +18,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from mainspring.controller.rejoin import RejoinBackoff
 from mainspring.controller.service import ControllerService
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import ActionResult, ActionStatus, DeviceSpec, Infer, Outcome, Request, Response, Timing
@@ -205,3 +206,19 @@ def test_a_model_the_repository_lacks_is_never_served() -> None:
                 await rogue.close()
 
     asyncio.run(scenario())
+
+
+def test_the_backoff_doubles_to_its_cap_and_starts_over_after_a_quiet_period() -> None:
+    now = [0.0]
+    backoff = RejoinBackoff(first_s=1.0, longest_s=8.0, quiet_s=100.0, clock=lambda: now[0])
+    delays = []
+    for _ in range(6):
+        delays.append(backoff.dropped("w"))
+        now[0] += 10.0
+    assert delays == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert backoff.wait_s("other") == (0.0, False)
+    backoff.dropped("w")
+    now[0] += 3.0
+    assert backoff.wait_s("w") == (5.0, True) and backoff.wait_s("w") == (5.0, False)  # only the first is told
+    now[0] += 200.0  # quiet: the next drop starts over
+    assert backoff.wait_s("w") == (0.0, False) and backoff.dropped("w") == 1.0

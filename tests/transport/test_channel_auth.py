@@ -20,6 +20,7 @@ from mainspring.worker import process
 from mainspring.worker.process import WorkerConnection
 from mainspring.worker.torch_worker import TorchWorker
 from tests.transport.test_transport import Events
+from tests.waiting import until
 
 
 async def joins(
@@ -73,7 +74,7 @@ def test_only_a_worker_with_the_secret_joins(
 
     assert asyncio.run(joins(small_zoo, hub_secret, worker_secret, 30.0, refused)) is joined
     # ... so the worker says what is likely wrong, instead of a "connected" it never was.
-    warned = "no answer from tcp://127.0.0.1:" in caplog.text and "(MAINSPRING_WORKER_SECRET)" in caplog.text
+    warned = "no answer from tcp://127.0.0.1:" in caplog.text and "(MAINSPRING_WORKER_SECRET;" in caplog.text
     assert warned is not joined and ("answered" in caplog.text) is joined
     if not joined:
         assert ("(none set here)" in caplog.text) is (worker_secret == "")
@@ -139,3 +140,34 @@ def test_handshakes_that_only_ever_close_are_reported_with_the_likely_cause(capl
     assert "(1 since the last such warning)" in warning
     assert "the peer closed the connection during the handshake (HANDSHAKE_FAILED_NO_DETAIL, 32)" in warning
     assert "as when the connecting side has a worker secret; this controller has none" in warning
+
+
+def test_a_failed_handshake_is_logged_at_once_and_those_held_back_when_their_time_is_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Failures inside the rate limit's window were logged only when a later one came (perhaps never)."""
+    caplog.set_level(logging.INFO, "mainspring.transport.security")
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "failed the handshake" in r.getMessage()]
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        context = zmq.asyncio.Context()
+        monitor, feed = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+        monitor.bind("inproc://held")
+        feed.connect("inproc://held")
+        reporting = asyncio.create_task(report_failed_handshakes(monitor, "tcp://127.0.0.1:1", False, every_s=0.5))
+        for _ in range(3):
+            await feed.send_multipart([struct.pack("=hi", *MISMATCH), b"tcp://127.0.0.1:1"])
+        await until(lambda: warnings(), 10)
+        first = warnings()
+        await until(lambda: len(warnings()) == 2, 10)  # no later failure comes: the timer tells the held two
+        reporting.cancel()
+        monitor.close()
+        feed.close()
+        context.term()
+        return first, warnings()
+
+    first, both = asyncio.run(scenario())
+    assert len(first) == 1 and "(1 since the last such warning)" in first[0]
+    assert "(2 since the last such warning)" in both[1] and "has a worker secret; this controller has none" in both[1]

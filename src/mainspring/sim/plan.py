@@ -9,6 +9,11 @@ step costs a full simulation). Attainment is taken to grow with devices and pool
 never turns a served request away); a search over a non-monotone stretch still returns a
 configuration it measured to meet the target, and its neighbours show the margin.
 
+The doubling gives up, with no plan and the reason, where no number of devices can help: when the
+requests whose model takes longer than their SLO at batch 1 are more than the target allows, and
+when a doubling of the devices gains less than ``FLAT`` attainment (both run to the end; a cheap
+sign, both stopped early at the same simulated second, decides when to look).
+
 A candidate that misses is stopped as soon as more requests have missed than the target allows (on
 an open-loop workload, whose arrivals are all known up front): its attainment is then an upper
 bound, which is all the search needs. The margin's points are run to the end.
@@ -25,6 +30,7 @@ from mainspring.sim.run import SimulationConfig, generate_arrivals, simulate
 from mainspring.workload import Arrival, Workload
 
 POOL_PRECISION = 1 / 32  # the pool search stops once the last miss is within this share of the first hit
+FLAT = 0.0001  # attainment gained by doubling the devices below this (0.01 points): more devices stopped helping
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class PlanPoint:
     busy: float | None
     requests: int
     complete: bool = True  # False: stopped once it could no longer meet the target
+    stopped_ns: int | None = None  # where not ``complete``: the simulated time it stopped at
 
     def meets(self, target: float) -> bool:
         return self.complete and self.attainment >= target
@@ -53,6 +60,7 @@ class Plan:
     devices: int | None
     pool_bytes: int | None
     points: tuple[PlanPoint, ...]
+    reason: str = ""  # with no plan: why more devices would not help, where that is known
 
     def point(self, devices: int, pool_bytes: int) -> PlanPoint | None:
         return next((p for p in self.points if (p.devices, p.pool_bytes) == (devices, pool_bytes)), None)
@@ -63,7 +71,7 @@ class Plan:
             "devices": self.devices,
             "pool_bytes": self.pool_bytes,
             "points": [asdict(p) for p in self.points],
-        }
+        } | ({"reason": self.reason} if self.reason else {})
 
 
 Progress = Callable[[PlanPoint], None]
@@ -86,13 +94,17 @@ def plan(
     """The fewest devices (up to ``max_devices``) of ``config``'s pool that reach ``target`` attainment
     on ``workload``, then the smallest pool (in pages) that still does on that many devices; every
     candidate replays ``arrivals`` (default: generated from ``workload``)."""
-    _check(profiles, config, target, max_devices)
+    check(profiles, config, target, max_devices)
     if arrivals is None:
         arrivals = generate_arrivals(workload, profiles, config)
     if not arrivals:
         raise PlanError("the workload has no requests in the window: nothing to plan for (--duration-s, --rate)")
     measured: dict[tuple[int, int], PlanPoint] = {}
     counted = sum(1 for a in arrivals if a.time_ns >= config.warmup_ns)
+    if (reachable := _reachable_share(profiles, arrivals, config)) < target:
+        why = (f"at most {reachable:.4%} of the requests can meet their SLO (the rest are for models slower than it "
+               f"at batch 1): no number of devices reaches {target:.4%}")  # fmt: skip
+        return Plan(target, None, None, (), why)
     budget = None if workload.closed_loop else _misses_allowed(counted, target)
 
     def measure(devices: int, pool_bytes: int, to_the_end: bool = False) -> PlanPoint:
@@ -107,7 +119,10 @@ def plan(
         return measured[key]
 
     full = config.pool_bytes
-    devices, _ = _fewest(lambda n: measure(n, full).meets(target), 1, max_devices)
+    try:
+        devices, _ = _fewest(_doubling_check(measure, full, target), 1, max_devices)
+    except _FlatError as flat:
+        return Plan(target, None, None, tuple(measured.values()), str(flat))
     if devices is None:
         measure(max_devices, full, to_the_end=True)  # the best there is, in full
         return Plan(target, None, None, tuple(measured.values()))
@@ -123,6 +138,46 @@ def plan(
     if pages is not None and below >= smallest_pages:
         measure(devices, below * page, to_the_end=True)  # the largest pool that missed: the pool's margin
     return Plan(target, devices, pool, tuple(sorted(measured.values(), key=lambda p: (p.devices, p.pool_bytes))))
+
+
+class _FlatError(Exception):
+    """Doubling the devices stopped helping; the message says by how much."""
+
+
+def _doubling_check(measure: Callable[..., PlanPoint], full: int, target: float) -> Callable[[int], bool]:
+    """``ok(n)`` for the device search: whether ``n`` devices meet ``target``. Before any count has met
+    it, raises ``_FlatError`` where ``n`` devices reach less than ``FLAT`` more than half as many did."""
+    seen: list[PlanPoint] = []  # as first measured (a point run to the end later replaces it in ``measure``)
+
+    def ok(devices: int) -> bool:
+        point = measure(devices, full)
+        last = seen[-1] if seen else None
+        seen.append(point)
+        if point.meets(target):
+            return True
+        if last is None or last.meets(target) or last.devices >= devices:
+            return False  # the first count, or the bisection after a hit: no doubling to judge
+        if point.attainment - last.attainment >= FLAT or point.stopped_ns != last.stopped_ns:
+            return False  # got further with more devices (stopped early: a bound, at the same second only)
+        fewer, more = measure(last.devices, full, to_the_end=True), measure(devices, full, to_the_end=True)
+        if more.attainment - fewer.attainment < FLAT:
+            raise _FlatError(
+                f"more devices stopped helping: {fewer.devices} reach {fewer.attainment:.4%}, {more.devices} reach "
+                f"{more.attainment:.4%}, short of {target:.4%} (a longer SLO or faster models would)"
+            )
+        return False
+
+    return ok
+
+
+def _reachable_share(profiles: Sequence[ModelProfile], arrivals: Sequence[Arrival], config: SimulationConfig) -> float:
+    """The share of the counted arrivals whose model's batch-1 time is within their SLO: the most any
+    number of devices can serve in time."""
+    fastest = {p.model: min(p.exec_ns.values()) for p in profiles}
+    counted = [a for a in arrivals if a.time_ns >= config.warmup_ns]
+    slo = config.slo_ns
+    reachable = sum(1 for a in counted if fastest.get(a.model, 0) < (slo if a.slo_ns is None else a.slo_ns))
+    return reachable / len(counted) if counted else 1.0
 
 
 def _misses_allowed(counted: int, target: float) -> int:
@@ -171,7 +226,7 @@ def _measure(
     result = simulate(policy, list(profiles), workload, config, arrivals, miss_budget=budget)
     if result.stopped_after_misses:
         bound = 1 - result.stopped_after_misses / max(counted, 1)
-        return PlanPoint(config.devices, config.pool_bytes, bound, None, None, None, counted, complete=False)
+        return PlanPoint(config.devices, config.pool_bytes, bound, None, None, None, counted, False, result.end_ns)
     report = result.report
     return PlanPoint(
         devices=config.devices,
@@ -184,7 +239,7 @@ def _measure(
     )
 
 
-def _check(profiles: Sequence[ModelProfile], config: SimulationConfig, target: float, max_devices: int) -> None:
+def check(profiles: Sequence[ModelProfile], config: SimulationConfig, target: float, max_devices: int) -> None:
     if not profiles:
         raise PlanError("no model profiles to plan for")
     if not 0 < target <= 1:

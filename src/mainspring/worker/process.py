@@ -189,7 +189,8 @@ class WorkerConnection:
                 if heard is None and said_hello > warn_at:  # a CURVE handshake that fails is silent on this side
                     secret = "the same worker secret" if self._secret else "a worker secret (none set here)"
                     log.warning("no answer from %s for %.0f s: is the controller up, and does it expect %s? "
-                                "(MAINSPRING_WORKER_SECRET)", self.address, UNANSWERED_WARN_S, secret)  # fmt: skip
+                                "(MAINSPRING_WORKER_SECRET; a worker it dropped hears back only after a backoff of "
+                                "up to a minute)", self.address, UNANSWERED_WARN_S, secret)  # fmt: skip
                     warn_at = float("inf")
                 if self._wake_read in events:
                     os.read(self._wake_read, 4096)

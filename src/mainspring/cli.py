@@ -8,11 +8,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import cast
 
 from mainspring.cli_bench import add_bench, run_bench
 from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
 from mainspring.cli_plan import add_plan, run_plan
 from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
+from mainspring.cli_values import MAX_DEVICES, PAGE_MIB, POOL_GIB, SECONDS, OneLineParser, bounded_int, one_line
 from mainspring.cli_workload import (
     CliError,
     add_noise_argument,
@@ -21,7 +23,8 @@ from mainspring.cli_workload import (
     duration_s,
     prepare_outputs,
     profiles_from_args,
-    refuse_a_rate_past,
+    refuse_a_workload_past,
+    refuse_pools_past,
     workload_from,
 )
 from mainspring.models.profile import ModelProfile
@@ -55,22 +58,22 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         metavar="KEY=VALUE",
         help="a clockwork policy setting, e.g. estimate_percentile=90 (repeatable; docs/scheduler.md)",
     )
-    p.add_argument("--devices", type=int, default=6, help="emulated devices (default 6)")
+    p.add_argument("--devices", type=bounded_int(1, MAX_DEVICES), default=6, help="emulated devices (default 6)")
     add_profile_arguments(p)
     add_workload_arguments(p, default="azure", rate=1000.0, trace_scale=10.0, azure_duration_s=300.0)
     p.add_argument(
         "--warmup-s",
-        type=float,
+        type=SECONDS,
         default=0.0,
         help="serve this long before counting (every model starts cold); azure: whole minutes, the replay starts "
         "that much before --trace-start-minute (default 0)",
     )
     add_noise_argument(p)
-    p.add_argument("--device-memory-gib", type=float, default=32.0, help="weight pool per device (default 32)")
-    p.add_argument("--page-mib", type=int, default=16, help="page size (default 16 MiB)")
+    p.add_argument("--device-memory-gib", type=POOL_GIB, default=32.0, help="weight pool per device (default 32)")
+    p.add_argument("--page-mib", type=PAGE_MIB, default=16, help="page size (default 16 MiB)")
     p.add_argument(
         "--cells",
-        type=int,
+        type=bounded_int(0, MAX_DEVICES),
         default=0,
         help="split the devices into this many cells, each planned by a controller core whose CPU time is on "
         "the simulated clock (docs/simulator.md); 0 (default): one controller that costs no time",
@@ -87,8 +90,11 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mainspring", description="Predictable DNN model serving.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(prog="mainspring", description="Predictable DNN model serving.")
+    # OneLineParser's subparsers are OneLineParsers; the add_* helpers take any ArgumentParser's.
+    commands = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(dest="command", required=True)
+    )
     _add_simulate(commands)
     add_zoo(commands)
     add_profile(commands)
@@ -98,20 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan(commands)
     p = commands.add_parser("analyze", help="why requests missed their SLO, from simulate or serve --log-dir logs")
     p.add_argument("log_dir", type=Path)
-    p.add_argument("--top", type=int, default=3, help="models named per cause (default 3)")
+    p.add_argument("--top", type=bounded_int(1, 1000), default=3, help="models named per cause (default 3)")
     return parser
 
 
 def _config(args: argparse.Namespace, device_kind: str) -> SimulationConfig:
+    """The run's settings; each flag's range was checked as it was parsed (``cli_values``)."""
     seconds = duration_s(args)
-    if seconds <= 0:
-        raise CliError(f"--duration-s must be positive, got {seconds:g}")
     if (problem := slo_problem("--slo-ms", args.slo_ms)) is not None:
         raise CliError(problem)
-    if args.warmup_s < 0:
-        raise CliError(f"--warmup-s must not be negative, got {args.warmup_s}")
-    if args.page_mib > 0 and 0 < args.device_memory_gib * 1024 < args.page_mib:
+    if args.device_memory_gib * 1024 < args.page_mib:
         raise CliError(f"--device-memory-gib {args.device_memory_gib:g} holds no page of --page-mib {args.page_mib}")
+    refuse_pools_past(args.devices, int(args.device_memory_gib * 1024 * MIB), args.page_mib * MIB)
     return SimulationConfig(
         duration_ns=s_to_ns(seconds),
         warmup_ns=s_to_ns(args.warmup_s),
@@ -144,8 +148,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     cells = _cells(args)
     workload = workload_from(args)
     prepare_outputs({"--json": args.json}, {"--log-dir": args.log_dir, "--plot": args.plot})
-    seconds = config.arrival_window_ns / NS_PER_S
-    refuse_a_rate_past(MAX_ARRIVALS, args, seconds)  # at once, not after 2 GB
+    refuse_a_workload_past(MAX_ARRIVALS, args, workload, len(profiles), config.arrival_window_ns / NS_PER_S)
     arrivals = generate_arrivals(workload, profiles, config)
     results: dict[str, SimulationResult] = {}
     for policy in policies:
@@ -227,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(_COMMANDS[args.command](args))
     except (CliError, ModelsCliError, ValueError) as error:
-        parser.exit(2, f"mainspring {args.command}: error: {error}\n")
+        parser.exit(2, one_line(f"mainspring {args.command}: error: {error}"))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from mainspring.cli_workload import (
     add_workload_arguments,
     duration_s,
     prepare_outputs,
-    refuse_a_rate_past,
+    refuse_a_workload_past,
     workload_from,
 )
 from mainspring.protocol.requests import slo_problem
@@ -37,8 +37,6 @@ def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    if duration_s(args) <= 0:
-        raise CliError(f"--duration-s must be positive, got {duration_s(args):g}")
     if (problem := slo_problem("--slo-ms", args.slo_ms)) is not None:
         raise CliError(problem)
     prepare_outputs({"--json": args.json, "--log": args.log}, {"--plot": args.plot})
@@ -61,11 +59,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = args.url or ("127.0.0.1:8001" if args.protocol == "grpc" else "127.0.0.1:8000")
     workload = workload_from(args)  # a bad workload flag is told before the server is asked anything
-    # The driver keeps a record of every request: a rate mistyped as 1e9 flooded the server and filled the memory.
-    refuse_a_rate_past(MAX_ARRIVALS, args, duration_s(args))
     named = [m.strip() for m in args.models.split(",") if m.strip()] if args.models is not None else None
     if named == []:
         raise CliError(f"--models {args.models!r} names no model")
+    # The driver keeps a record of every request: a rate mistyped as 1e9 flooded the server and filled the memory.
+    refuse_a_workload_past(MAX_ARRIVALS, args, workload, len(named or [""]), duration_s(args))
     sender = GrpcSender(url, headers) if args.protocol == "grpc" else HttpSender(url, headers)
     try:
         models = named if named is not None else await _ready_models(url, headers)

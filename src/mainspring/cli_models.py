@@ -6,10 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from mainspring.cli_values import bounded_int, finite_float
 from mainspring.cli_workload import prepare_outputs
 from mainspring.time import ns_to_ms
 
 ZOO_FORMATS = ("torch_export", "torchscript", "safetensors", "onnx")
+MAX_BATCH = 4096
 
 
 class ModelsCliError(Exception):
@@ -22,8 +24,12 @@ def add_zoo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = actions.add_parser("export", help="write zoo models (seeded random weights) into a model repository")
     p.add_argument("--out", type=Path, required=True, help="repository folder (created if missing)")
     p.add_argument("--models", default="resnet18,resnet50,mobilenetv2,bert_tiny,mlp", help="comma-separated names")
-    p.add_argument("--copies", type=int, default=1, help="copies of each model, named <model>-<i> (default 1)")
-    p.add_argument("--image-size", type=int, default=64, help="image side for the vision models (default 64)")
+    p.add_argument(
+        "--copies", type=bounded_int(1, 100_000), default=1, help="copies of each model, named <model>-<i> (default 1)"
+    )
+    p.add_argument(
+        "--image-size", type=bounded_int(16, 4096), default=64, help="image side for the vision models (default 64)"
+    )
     p.add_argument("--format", default="torch_export", choices=ZOO_FORMATS, help="model file format")
     p.add_argument("--batch-sizes", default="1,2,4,8", help="supported batch sizes (default 1,2,4,8)")
 
@@ -33,8 +39,15 @@ def add_profile(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("repo", type=Path, help="model repository folder")
     p.add_argument("--model", action="append", help="profile only this model (repeatable)")
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
-    p.add_argument("--max-runs", type=int, default=400, help="most timed runs per batch size (default 400)")
-    p.add_argument("--max-seconds", type=float, default=5.0, help="time budget per batch size (default 5 s)")
+    p.add_argument(
+        "--max-runs", type=bounded_int(1, 1_000_000), default=400, help="most timed runs per batch size (default 400)"
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=finite_float(0, 3600, low_open=True),
+        default=5.0,
+        help="time budget per batch size (default 5 s)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--from-log",
@@ -50,8 +63,8 @@ def _int_list(text: str, flag: str) -> list[int]:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ModelsCliError(f"{flag} must be comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise ModelsCliError(f"{flag} must list positive integers, got {text!r}")
+    if not values or any(not 0 < v <= MAX_BATCH for v in values):
+        raise ModelsCliError(f"{flag} must list integers in [1, {MAX_BATCH}], got {text[:40]!r}")
     return sorted(set(values))
 
 
@@ -142,7 +155,7 @@ def _recalibrate(args: argparse.Namespace) -> int:
     with the run's medians (``telemetry/served.py``)."""
     from mainspring.models.repository import ModelRepository
     from mainspring.telemetry.analyze import LogError, read_run, runs
-    from mainspring.telemetry.served import recalibrated, served_durations, slowdown_of
+    from mainspring.telemetry.served import ServedLogError, recalibrated, served_durations, slowdown_of
 
     found = runs(args.from_log) if args.from_log.is_dir() else []
     if not found:
@@ -152,17 +165,20 @@ def _recalibrate(args: argparse.Namespace) -> int:
         raise ModelsCliError(f"--run {run}: not in {args.from_log}, which holds {', '.join(found)}")
     try:
         served = served_durations(read_run(args.from_log, run)[1].values())
-    except LogError as error:
-        raise ModelsCliError(str(error)) from None
+    except (LogError, ServedLogError) as error:
+        raise ModelsCliError(f"--from-log {args.from_log}, run {run}: {error}") from None
     repo = ModelRepository(args.repo)
     profiles = [p for p in repo.all_profiles() if p.model in served and (not args.model or p.model in args.model)]
     kinds = sorted({p.device_kind for p in profiles})
     if len(kinds) != 1:
         held = f"of {', '.join(kinds)}" if kinds else "none"
         raise ModelsCliError(f"--from-log needs stored profiles of one device kind for the models {run} served: {held}")
-    slowdown = slowdown_of(profiles, served)
-    for old in profiles:
-        new = recalibrated(old, served[old.model], slowdown)
+    try:  # every profile checked before the first is written
+        slowdown = slowdown_of(profiles, served)
+        updated = [(old, recalibrated(old, served[old.model], slowdown)) for old in profiles]
+    except ServedLogError as error:
+        raise ModelsCliError(f"--from-log {args.from_log}, run {run}: {error}; no profile written") from None
+    for old, new in updated:
         repo.write_profile(new)
         cells = " ".join(f"b{b}={ns_to_ms(old.exec_ns[b]):.2f}->{ns_to_ms(ns):.2f}" for b, ns in new.exec_ns.items())
         print(f"{old.model:<24} load {ns_to_ms(old.load_ns):.2f}->{ns_to_ms(new.load_ns):.2f} ms  exec ms: {cells}")

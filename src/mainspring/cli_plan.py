@@ -14,6 +14,16 @@ from typing import Any
 
 from mainspring.cells.placement import CellCapacity, Placement, demand_of
 from mainspring.cells.placement import plan as place
+from mainspring.cli_values import (
+    MAX_DEVICES,
+    MAX_SCALE_FACTOR,
+    MAX_SLO_MS,
+    PAGE_MIB,
+    POOL_GIB,
+    bounded_int,
+    finite_float,
+    number_list,
+)
 from mainspring.cli_workload import (
     CliError,
     add_noise_argument,
@@ -22,6 +32,8 @@ from mainspring.cli_workload import (
     duration_s,
     prepare_outputs,
     profiles_from_args,
+    refuse_a_workload_past,
+    refuse_pools_past,
     workload_from,
 )
 from mainspring.models.profile import ModelProfile
@@ -30,10 +42,12 @@ from mainspring.protocol.pages import MIB
 from mainspring.protocol.requests import slo_problem
 from mainspring.scheduler.registry import parse_policies
 from mainspring.sim.cells import split_devices
-from mainspring.sim.plan import Plan, PlanError, PlanPoint, plan
+from mainspring.sim.plan import Plan, PlanError, PlanPoint, check, plan
 from mainspring.sim.run import SimulationConfig, generate_arrivals
 from mainspring.time import ms_to_ns, s_to_ns
 from mainspring.worker.runtimes.emulated import NoiseModel
+from mainspring.workload import Workload
+from mainspring.workload.base import MAX_ARRIVALS
 
 GIB = 1024 * MIB
 CELL_DEVICES = 16  # a cell's devices at most, by default: what one controller core keeps up with (docs/sizing.md)
@@ -46,16 +60,19 @@ def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_profile_arguments(p)
     add_noise_argument(p, "the devices'")
     add_workload_arguments(p, default="azure", rate=1000.0, trace_scale=10.0, azure_duration_s=60.0)
-    p.add_argument("--attainment", type=float, default=99.9, help="target: percent within SLO (default 99.9)")
-    p.add_argument("--max-devices", type=int, default=64, help="the most devices tried (default 64)")
-    p.add_argument("--device-memory-gib", type=float, default=32.0, help="the largest pool tried (default 32)")
-    p.add_argument("--page-mib", type=int, default=16, help="page size (default 16 MiB)")
-    p.add_argument(
-        "--cell-devices", type=int, default=CELL_DEVICES, help=f"devices per cell at most (default {CELL_DEVICES})"
-    )
+    p.add_argument("--attainment", type=finite_float(0, 100, low_open=True), default=99.9,
+                   help="target: percent within SLO (default 99.9)")  # fmt: skip
+    p.add_argument("--max-devices", type=bounded_int(1, MAX_DEVICES), default=64,
+                   help="the most devices tried (default 64)")  # fmt: skip
+    p.add_argument("--device-memory-gib", type=POOL_GIB, default=32.0, help="the largest pool tried (default 32)")
+    p.add_argument("--page-mib", type=PAGE_MIB, default=16, help="page size (default 16 MiB)")
+    p.add_argument("--cell-devices", type=bounded_int(1, MAX_DEVICES), default=CELL_DEVICES,
+                   help=f"devices per cell at most (default {CELL_DEVICES})")  # fmt: skip
     p.add_argument("--policy", default="clockwork", help="the policy planned for (default clockwork)")
-    p.add_argument("--what-if-slo", default="", help="comma-separated SLOs (ms) to plan for as well")
-    p.add_argument("--what-if-scale", default="", help="comma-separated load multipliers to plan for as well (2,5)")
+    p.add_argument("--what-if-slo", type=number_list(0, MAX_SLO_MS, low_open=True), default=[],
+                   help="comma-separated SLOs (ms) to plan for as well")  # fmt: skip
+    p.add_argument("--what-if-scale", type=number_list(0, MAX_SCALE_FACTOR, low_open=True), default=[],
+                   help="comma-separated load multipliers to plan for as well (2,5)")  # fmt: skip
     p.add_argument("--json", type=Path, help="write the plan and every simulated point as JSON here")
     p.add_argument("--plot", type=Path, help="write attainment against devices and against pool size (PNG) here")
     p.add_argument("--quiet", action="store_true", help="no line per simulated point")
@@ -67,27 +84,23 @@ def run_plan(args: argparse.Namespace) -> int:
         raise CliError(f"--policy takes one policy to plan for, got {args.policy}")
     (policy,) = policies
     seconds = duration_s(args)
-    if seconds <= 0:
-        raise CliError(f"--duration-s must be positive, got {seconds:g}")
-    if args.device_memory_gib <= 0 or args.page_mib <= 0:
-        raise CliError("--device-memory-gib and --page-mib must be positive")
-    if args.cell_devices < 1:
-        raise CliError(f"--cell-devices must be at least 1, got {args.cell_devices}")
     prepare_outputs({"--json": args.json, "--plot": args.plot}, {})
-    slos = _numbers(args.what_if_slo, "--what-if-slo")
-    scales = _numbers(args.what_if_scale, "--what-if-scale")
     profiles = profiles_from_args(args)
-    result, cells = _plan_once(args, profiles, policy, seconds, verbose=not args.quiet)
+    cases = [("", "", args)] + [(f"SLO {v:g} ms", f"--what-if-slo {v:g}: ", _with(args, slo_ms=v)) for v in
+                                args.what_if_slo]  # fmt: skip
+    cases += [(f"load x{v:g}", f"--what-if-scale {v:g}: ", _scaled(args, v)) for v in args.what_if_scale]
+    # Every case's checks before any output: a what-if refused after the plan's minutes of work lost them.
+    prepared = [(label, *_prepared(changed, profiles, seconds, flag)) for label, flag, changed in cases]
+    (_, config, workload), what_ifs = prepared[0], prepared[1:]
+    result, cells = _plan_once(args, profiles, policy, config, workload, verbose=not args.quiet)
     print(summary(result))
     if cells:
         assert result.devices is not None
         count = math.ceil(result.devices / args.cell_devices)
         print(f"  cells: {count} of at most {args.cell_devices} devices each (--json: which serve each model)")
     what_if = []
-    for label, changed in [(f"SLO {v:g} ms", _with(args, slo_ms=v)) for v in slos] + [
-        (f"load x{v:g}", _scaled(args, v)) for v in scales
-    ]:
-        other, _ = _plan_once(changed, profiles, policy, seconds, verbose=False)
+    for label, other_config, other_workload in what_ifs:
+        other, _ = _plan_once(args, profiles, policy, other_config, other_workload, verbose=False)
         what_if.append((label, other))
         print(f"what if {label}: " + summary(other).splitlines()[0])
     if args.json is not None:
@@ -98,21 +111,45 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0 if result.devices is not None else 1
 
 
+def _prepared(
+    args: argparse.Namespace, profiles: list[ModelProfile], seconds: float, flag: str
+) -> tuple[SimulationConfig, Workload]:
+    """One case's simulation settings and workload, after every check ``simulate`` makes up front
+    (``flag`` names the what-if option in front of the message)."""
+    try:
+        if (problem := slo_problem("--slo-ms", args.slo_ms)) is not None:
+            raise CliError(problem)
+        page = args.page_mib * MIB
+        if args.device_memory_gib * GIB < page:
+            raise CliError(
+                f"--device-memory-gib {args.device_memory_gib:g} holds no page of --page-mib {args.page_mib}"
+            )
+        config = SimulationConfig(
+            duration_ns=s_to_ns(seconds),
+            device_kind=profiles[0].device_kind,
+            noise=NoiseModel.named(args.noise),
+            pool_bytes=int(args.device_memory_gib * GIB) // page * page,
+            page_bytes=page,
+            slo_ns=ms_to_ns(args.slo_ms),
+            seed=args.seed,
+        )
+        refuse_pools_past(args.max_devices, config.pool_bytes, page)
+        workload = workload_from(args)
+        refuse_a_workload_past(MAX_ARRIVALS, args, workload, len(profiles), seconds)
+        check(profiles, config, args.attainment / 100, args.max_devices)
+    except (CliError, ValueError) as error:  # PlanError too
+        raise CliError(f"{flag}{error}") from None
+    return config, workload
+
+
 def _plan_once(
-    args: argparse.Namespace, profiles: list[ModelProfile], policy: str, seconds: float, verbose: bool
+    args: argparse.Namespace,
+    profiles: list[ModelProfile],
+    policy: str,
+    config: SimulationConfig,
+    workload: Workload,
+    verbose: bool,
 ) -> tuple[Plan, Placement]:
-    if (problem := slo_problem("--slo-ms", args.slo_ms)) is not None:
-        raise CliError(problem)
-    config = SimulationConfig(
-        duration_ns=s_to_ns(seconds),
-        device_kind=profiles[0].device_kind,
-        noise=NoiseModel.named(args.noise),
-        pool_bytes=int(args.device_memory_gib * GIB) // (args.page_mib * MIB) * (args.page_mib * MIB),
-        page_bytes=args.page_mib * MIB,
-        slo_ns=ms_to_ns(args.slo_ms),
-        seed=args.seed,
-    )
-    workload = workload_from(args)
     arrivals = generate_arrivals(workload, profiles, config)
     try:
         result = plan(profiles, workload, config, args.attainment / 100, args.max_devices, policy,
@@ -121,6 +158,7 @@ def _plan_once(
         raise CliError(str(error)) from None
     if result.devices is None or result.pool_bytes is None:
         return result, {}
+    seconds = config.duration_ns / 1e9
     rates = {model: count / seconds for model, count in Counter(a.model for a in arrivals).items()}
     specs = replace(config, devices=result.devices, pool_bytes=result.pool_bytes).device_specs()
     return result, placement(profiles, rates, specs, args.cell_devices)
@@ -135,16 +173,6 @@ def placement(
     groups = split_devices(specs, math.ceil(len(specs) / cell_devices))
     cells = [CellCapacity(i, len(g), sum(s.pool_bytes for s in g)) for i, g in enumerate(groups)]
     return place(cells, [demand_of(p, rates.get(p.model, 0.0)) for p in profiles])
-
-
-def _numbers(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise CliError(f"{flag} takes comma-separated numbers, got {text!r}") from None
-    if any(not v > 0 for v in values):
-        raise CliError(f"{flag} values must be positive, got {text!r}")
-    return values
 
 
 def _with(args: argparse.Namespace, **changes: object) -> argparse.Namespace:
@@ -169,7 +197,7 @@ def _plot(result: Plan, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    full = max(p.pool_bytes for p in result.points)
+    full = max((p.pool_bytes for p in result.points), default=0)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
     panels: list[tuple[Any, list[PlanPoint], Callable[[PlanPoint], float]]] = [
         (left, [p for p in result.points if p.pool_bytes == full], lambda p: p.devices),
@@ -220,6 +248,8 @@ def summary(result: Plan) -> str:
     """The answer, with its margin: the attainment one device fewer and one more, and with the largest
     pool that missed."""
     target = f"{result.target:.4%}"
+    if result.reason:
+        return f"no plan: {result.reason}"
     if result.devices is None or result.pool_bytes is None:
         best = max(result.points, key=lambda p: (p.complete, p.attainment))
         return f"no plan: the best tried ({best.devices} devices) reaches {best.attainment:.4%}, short of {target}"

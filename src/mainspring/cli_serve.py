@@ -12,6 +12,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mainspring.cli_values import (
+    MAX_CORE,
+    MAX_DEVICES,
+    MAX_MODELS,
+    MAX_PID,
+    MAX_POOL_MIB,
+    MAX_SLO_MS,
+    PORT,
+    POSITIVE_SECONDS,
+    SECONDS,
+    SLO_MS,
+    bounded_int,
+    endpoint,
+    finite_float,
+)
 from mainspring.cli_workload import add_noise_argument
 
 
@@ -19,25 +34,28 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p = commands.add_parser("serve", help="run the server: KServe v2 HTTP + gRPC, controller, local workers")
     p.add_argument("--config", type=Path, help="TOML file with serve settings (a [serve] table or top-level keys)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
-    p.add_argument("--http-port", type=int, help="HTTP port (default 8000)")
-    p.add_argument("--grpc-port", type=int, help="gRPC port (default 8001)")
-    p.add_argument("--worker-port", type=int, help="port workers connect to (default 8002)")
+    p.add_argument("--http-port", type=PORT, help="HTTP port (default 8000)")
+    p.add_argument("--grpc-port", type=PORT, help="gRPC port (default 8001)")
+    p.add_argument("--worker-port", type=PORT, help="port workers connect to (default 8002)")
     p.add_argument("--workers", choices=("local", "tcp"), help="start local workers (default) or wait for tcp ones")
     p.add_argument("--ray", nargs="?", const="auto",
                    help="place one worker per device of a Ray cluster (ADDRESS, default: the local one)")  # fmt: skip
     p.add_argument(
         "--cells",
-        type=int,
+        type=bounded_int(0, MAX_DEVICES),
         help="controller processes, each planning its share of the devices (default: a cell per 16 devices, "
         "at most one per 2 cores; cell i takes workers on worker-port + i); with --ray a cell per node, N the "
         "cells serving waits for",
     )
-    p.add_argument("--frontends", type=int, help="HTTP + gRPC processes on the ports (default: 1 per 2 cores, up to 4)")
+    p.add_argument("--frontends", type=bounded_int(0, 256),
+                   help="HTTP + gRPC processes on the ports (default: 1 per 2 cores, up to 4)")  # fmt: skip
     p.add_argument("--repo", help="model repository (default ~/.mainspring/zoo, built on first start)")
     p.add_argument("--policy", help="scheduling policy (default clockwork)")
-    p.add_argument("--slo-ms", type=float, help="default SLO in ms (default 100)")
+    p.add_argument("--slo-ms", type=SLO_MS, help="default SLO in ms (default 100)")
     p.add_argument(
-        "--deadline-margin-ms", type=float, help="plan batches to end this long before the deadline (default 1)"
+        "--deadline-margin-ms",
+        type=finite_float(0, MAX_SLO_MS),
+        help="plan batches to end this long before the deadline (default 1)",
     )
     p.add_argument(
         "--clockwork",
@@ -46,9 +64,9 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="a clockwork policy setting, e.g. estimate_percentile=90 (repeatable; docs/serving.md)",
     )
     p.add_argument("--devices", help="local devices, comma-separated (default: every CUDA GPU, else cpu)")
-    p.add_argument("--pool-mib", type=int, help="weight pool per device in MiB")
+    p.add_argument("--pool-mib", type=bounded_int(0, MAX_POOL_MIB), help="weight pool per device in MiB")
     p.add_argument("--log-dir", help="write request and action logs (TSV) here, for `mainspring analyze`")
-    p.add_argument("--repository-poll-s", type=float,
+    p.add_argument("--repository-poll-s", type=SECONDS,
                    help="every this many s, serve what changed in the repository (default 0: off)")  # fmt: skip
     p.add_argument(
         "--pin-cpu-workers",
@@ -67,7 +85,7 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("worker", help="run a worker that connects to a controller")
-    p.add_argument("--controller", required=True,
+    p.add_argument("--controller", required=True, type=endpoint,
                    help="controller, tcp://HOST:PORT (its worker_secret in $MAINSPRING_WORKER_SECRET)")  # fmt: skip
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
     p.add_argument("--repo", type=Path, help="model repository (not with --emulate)")
@@ -75,18 +93,21 @@ def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="emulated devices instead of a real one: profile-driven durations, no compute, each model "
                         "echoing its input; PROFILES a profile file or profiled repository (default: Clockwork's "
                         "V100 profiles)")  # fmt: skip
-    p.add_argument("--count", type=int, default=1, help="with --emulate: how many devices (default 1)")
-    p.add_argument("--models", type=int, help="with --emulate: this many copies of the profiles, <model>-<i>")
+    p.add_argument("--count", type=bounded_int(1, MAX_DEVICES), default=1,
+                   help="with --emulate: how many devices (default 1)")  # fmt: skip
+    p.add_argument("--models", type=bounded_int(1, MAX_MODELS),
+                   help="with --emulate: this many copies of the profiles, <model>-<i>")  # fmt: skip
     add_noise_argument(p, "with --emulate:")
-    p.add_argument("--pool-mib", type=int, help="weight pool in MiB (default: 2048 on cpu; a GPU's sized after "
-                                                "registration; 32 GiB emulated)")  # fmt: skip
+    p.add_argument("--pool-mib", type=bounded_int(0, MAX_POOL_MIB),
+                   help="weight pool in MiB (default: 2048 on cpu; a GPU's sized after "
+                        "registration; 32 GiB emulated)")  # fmt: skip
     p.add_argument("--name", help="worker name (default host:pid)")
-    p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
-    p.add_argument("--pin-core", type=int, help="pin the exec lane's thread to this CPU core")
+    p.add_argument("--parent-pid", type=bounded_int(1, MAX_PID), help="exit when this process is gone")
+    p.add_argument("--pin-core", type=bounded_int(0, MAX_CORE), help="pin the exec lane's thread to this CPU core")
     p.add_argument("--rejoin", action="store_true",
                    help="with --parent-pid: when the controller goes, say hello again to the next one on its "
                         "address, keeping the weights (without --parent-pid it always does)")  # fmt: skip
-    p.add_argument("--controller-timeout-s", type=float, default=3.0,
+    p.add_argument("--controller-timeout-s", type=POSITIVE_SECONDS, default=3.0,
                    help="start over to join again when the controller is silent this long (default 3)")  # fmt: skip
 
 

@@ -6,13 +6,31 @@ import argparse
 import os
 from pathlib import Path
 
+from mainspring.cli_values import (
+    MAX_CLIENTS,
+    MAX_MODELS,
+    MAX_OUTSTANDING,
+    MAX_RATE_RPS,
+    MAX_TRACE_SCALE,
+    POSITIVE_SECONDS,
+    SEED,
+    SLO_MS,
+    bounded_int,
+    finite_float,
+)
 from mainspring.models.profile import ModelProfile, model_copies
 from mainspring.models.repository import profiles_from
+from mainspring.protocol.pages import MIB
+from mainspring.time import s_to_ns
 from mainspring.worker.runtimes.emulated import NOISE_MODELS
 from mainspring.workload import AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, SloSweep, Workload
+from mainspring.workload.azure import MINUTES_PER_DAY
 
 WORKLOADS = ("azure", "poisson", "bursty", "closed", "slo-sweep")
 DEFAULT_DURATION_S = 60.0
+# Every device's free-page list is held, about 40 bytes a page: 10 million pages is some 400 MB
+# (a pool of 1e9 GiB was a MemoryError).
+MAX_POOL_PAGES = 10_000_000
 
 
 class CliError(Exception):
@@ -48,34 +66,51 @@ def add_workload_arguments(
     p.add_argument("--workload", default=default, help=f"one of {', '.join(WORKLOADS)} (default {default})")
     p.add_argument("--trace", type=Path, help="Azure Functions trace CSV (default: the bundled sample)")
     p.add_argument(
-        "--trace-scale", type=float, default=trace_scale, help=f"multiply trace invocations (default {trace_scale:g})"
+        "--trace-scale",
+        type=finite_float(0, MAX_TRACE_SCALE, low_open=True),
+        default=trace_scale,
+        help=f"multiply trace invocations (default {trace_scale:g})",
     )
-    p.add_argument("--trace-start-minute", type=int, default=0, help="first minute of the trace to replay")
+    p.add_argument(
+        "--trace-start-minute",
+        type=bounded_int(0, MINUTES_PER_DAY - 1),
+        default=0,
+        help="first minute of the trace to replay",
+    )
     p.add_argument(
         "--rate",
-        type=float,
+        type=finite_float(0, MAX_RATE_RPS, low_open=True),
         default=rate,
         help=f"requests/s (poisson, slo-sweep; per model for bursty) (default {rate:g})",
     )
     p.add_argument("--popularity", default="uniform", help="uniform or zipf (poisson, slo-sweep)")
-    p.add_argument("--clients", type=int, default=16, help="closed loop: clients")
-    p.add_argument("--outstanding", type=int, default=1, help="closed loop: requests in flight per client")
-    p.add_argument("--sweep-growth", type=float, default=1.5, help="slo-sweep: SLO factor growth per step")
-    p.add_argument("--sweep-interval-s", type=float, default=10.0, help="slo-sweep: seconds per step")
+    p.add_argument("--clients", type=bounded_int(1, MAX_CLIENTS), default=16, help="closed loop: clients")
+    p.add_argument(
+        "--outstanding",
+        type=bounded_int(1, MAX_OUTSTANDING),
+        default=1,
+        help="closed loop: requests in flight per client",
+    )
+    p.add_argument(
+        "--sweep-growth", type=finite_float(1, 100), default=1.5, help="slo-sweep: SLO factor growth per step"
+    )
+    p.add_argument("--sweep-interval-s", type=POSITIVE_SECONDS, default=10.0, help="slo-sweep: seconds per step")
     duration_help = f"seconds of arrivals (default {DEFAULT_DURATION_S:g})"
     if azure_duration_s != DEFAULT_DURATION_S:
         duration_help = f"seconds of arrivals (default {azure_duration_s:g} for azure, else {DEFAULT_DURATION_S:g})"
-    p.add_argument("--duration-s", type=float, help=duration_help)
+    p.add_argument("--duration-s", type=POSITIVE_SECONDS, help=duration_help)
     p.set_defaults(azure_duration_s=azure_duration_s)
-    p.add_argument("--slo-ms", type=float, default=100.0, help="default SLO (default 100 ms)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--slo-ms", type=SLO_MS, default=100.0, help="default SLO (default 100 ms)")
+    p.add_argument("--seed", type=SEED, default=1)
 
 
 def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profiles", type=Path, help="profile file or profiled model repository (default: Clockwork's V100 profiles)"
     )
-    p.add_argument("--models", type=int, default=4026, help="model copies of the profiles (default 4026)")
+    p.add_argument(
+        "--models", type=bounded_int(1, MAX_MODELS), default=4026, help="model copies of the profiles (default 4026)"
+    )
     p.add_argument(
         "--device-kind", help="the device kind emulated, of those the profiles were measured on (default: theirs)"
     )
@@ -110,11 +145,26 @@ def add_noise_argument(p: argparse.ArgumentParser, what: str = "emulated devices
     )
 
 
-def refuse_a_rate_past(limit: int, args: argparse.Namespace, seconds: float) -> None:
-    """A rate mistyped by orders of magnitude is told at once: the run would fill the memory first."""
-    if args.workload in ("poisson", "slo-sweep") and args.rate * seconds > limit:
-        asked = f"--rate {args.rate:g} for {seconds:g} s is {args.rate * seconds:.3g} requests"
-        raise CliError(f"{asked}; a run holds at most {limit:,}")
+def refuse_a_workload_past(
+    limit: int, args: argparse.Namespace, workload: Workload, models: int, seconds: float
+) -> None:
+    """A rate or scale mistyped by orders of magnitude is told at once, from the arrivals the workload
+    expects in ``seconds``: generating them first filled the memory (2 GB, a minute) before the refusal."""
+    expected = workload.expected_arrivals(models, s_to_ns(seconds))
+    if expected is None or expected <= limit:
+        return
+    flag = {"azure": f"--trace-scale {args.trace_scale:g}", "closed": f"--clients {args.clients} x --outstanding "
+            f"{args.outstanding}"}.get(args.workload, f"--rate {args.rate:g}")  # fmt: skip
+    about = "" if args.workload in ("poisson", "slo-sweep", "closed") else "about "
+    raise CliError(f"{flag} for {seconds:g} s is {about}{expected:.3g} requests; a run holds at most {limit:,}")
+
+
+def refuse_pools_past(devices: int, pool_bytes: int, page_bytes: int) -> None:
+    """Pools whose pages, over every device, are more than a run keeps track of, told at once."""
+    pages = devices * (pool_bytes // page_bytes)
+    if pages > MAX_POOL_PAGES:
+        pool = f"--device-memory-gib {pool_bytes / 2**30:g} in pages of --page-mib {page_bytes // MIB}"
+        raise CliError(f"{devices} devices of {pool} are {pages:,} pages; a run holds at most {MAX_POOL_PAGES:,}")
 
 
 def duration_s(args: argparse.Namespace) -> float:

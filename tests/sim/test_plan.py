@@ -114,7 +114,7 @@ def test_bad_inputs_get_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--workload", "poisson", "--attainment", "0"], "--attainment"),
         (["--workload", "poisson", "--policy", "clockwork,triton"], "one policy"),
         (["--workload", "poisson", "--device-kind", "cpu"], "--device-kind cpu: no profile of that kind"),
-        (["--workload", "poisson", "--cell-devices", "0"], "--cell-devices must be at least 1"),
+        (["--workload", "poisson", "--cell-devices", "0"], "argument --cell-devices: must be an integer in [1, 4096]"),
     ):
         with pytest.raises(SystemExit) as exited:
             main(["plan", "--models", "4", "--duration-s", "1", "--quiet", *argv])

@@ -130,7 +130,7 @@ def plan(
         if 1 <= neighbour <= max_devices:
             measure(neighbour, full, to_the_end=True)
     page = config.page_bytes
-    smallest_pages = max(math.ceil(p.weights_bytes / page) for p in profiles)
+    smallest_pages = max(1, *(math.ceil(p.weights_bytes / page) for p in profiles))  # a pool has a page at least
     pages, below = _fewest(
         lambda k: measure(devices, k * page).meets(target), smallest_pages, full // page, POOL_PRECISION
     )

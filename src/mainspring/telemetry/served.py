@@ -8,6 +8,11 @@ The action log of a served run (``serve --log-dir``) holds every batch's measure
 takes the median of each model's batch sizes and loads from it. A size the run never ran (or too
 rarely to trust) keeps its profiled time scaled by how much slower the run's other sizes were.
 The simulator's noise model then goes around these medians, as around any profile.
+
+A log that cannot be a run of these profiles is refused (``ServedLogError``, naming the action or
+the model and why) before anything is written: a time that is no integer or ends before it
+begins, fewer than ``MIN_RUNS`` infers in all, or a median (or the run's slowdown) outside
+``PLAUSIBLE`` times its profiled time. One hand-edited row once made every time 1e-6 ms.
 """
 
 from __future__ import annotations
@@ -20,6 +25,12 @@ from dataclasses import dataclass, replace
 from mainspring.models.profile import ModelProfile
 
 MIN_RUNS = 5  # fewer measured runs of a size than this: scaled from the others instead
+PLAUSIBLE = (0.2, 10.0)  # served over profiled time: outside this, the log is not of these models on this device
+MAX_ACTION_NS = 3600 * 10**9  # an action that took longer than an hour is a damaged row
+
+
+class ServedLogError(ValueError):
+    """A log no profile should be recalibrated from; the message names the action or model and why."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +48,7 @@ def served_durations(actions: Iterable[Mapping[str, str]]) -> dict[str, Served]:
     for action in actions:
         if action["status"] != "ok":
             continue
-        took = int(action["end_ns"]) - int(action["begin_ns"])
+        took = _took(action)
         if action["kind"] == "infer":
             infers[action["model"]][int(action["batch_size"])].append(took)
         elif action["kind"] == "load":
@@ -45,18 +56,50 @@ def served_durations(actions: Iterable[Mapping[str, str]]) -> dict[str, Served]:
     return {model: Served(dict(infers.get(model, {})), loads.get(model, [])) for model in set(infers) | set(loads)}
 
 
+def _took(action: Mapping[str, str]) -> int:
+    """One action's duration (ns), or a ``ServedLogError`` naming the action where it cannot be one."""
+    where = f"action {action.get('action_id', '?')} ({action.get('model', '?')})"
+    try:
+        begin, end = int(action["begin_ns"]), int(action["end_ns"])
+    except ValueError:
+        raise ServedLogError(f"{where}: begin_ns {action['begin_ns'][:30]!r} and end_ns {action['end_ns'][:30]!r} "
+                             "must be integers (ns)") from None  # fmt: skip
+    if begin < 0 or end < begin:
+        raise ServedLogError(f"{where}: ends before it begins (begin_ns {begin}, end_ns {end})")
+    if end - begin > MAX_ACTION_NS:
+        raise ServedLogError(f"{where}: took {(end - begin) / 1e9:.3g} s, more than an action can (an hour)")
+    return end - begin
+
+
 def recalibrated(profile: ModelProfile, served: Served, slowdown: float) -> ModelProfile:
     """``profile`` with the served medians where the run measured enough, and elsewhere its own times
-    times ``slowdown`` (the run's median ratio of served to profiled time)."""
-    exec_ns = {
-        size: round(statistics.median(served.infers[size]))
-        if len(served.infers.get(size, ())) >= MIN_RUNS
-        else round(ns * slowdown)
-        for size, ns in profile.exec_ns.items()
-    }
+    times ``slowdown`` (the run's median ratio of served to profiled time). A median outside
+    ``PLAUSIBLE`` times the profiled time is a ``ServedLogError`` naming the model and size."""
+    exec_ns = {}
+    for size, ns in profile.exec_ns.items():
+        runs = served.infers.get(size, [])
+        exec_ns[size] = (
+            _plausible(profile.model, f"batch {size}", runs, ns) if len(runs) >= MIN_RUNS else round(ns * slowdown)
+        )
     enough_loads = len(served.loads) >= MIN_RUNS
-    load_ns = round(statistics.median(served.loads)) if enough_loads else round(profile.load_ns * slowdown)
+    load_ns = (
+        _plausible(profile.model, "load", served.loads, profile.load_ns)
+        if enough_loads
+        else round(profile.load_ns * slowdown)
+    )
     return replace(profile, exec_ns=exec_ns, load_ns=load_ns)
+
+
+def _plausible(model: str, what: str, durations: list[int], profiled_ns: int) -> int:
+    """The median of ``durations``, where it lies within ``PLAUSIBLE`` times ``profiled_ns``."""
+    median = round(statistics.median(durations))
+    low, high = PLAUSIBLE
+    if not low * profiled_ns <= median <= high * profiled_ns:
+        raise ServedLogError(
+            f"model {model}, {what}: the served median {median / 1e6:.4g} ms is {median / max(profiled_ns, 1):.3g}x "
+            f"its profiled {profiled_ns / 1e6:.4g} ms, outside {low:g}-{high:g}x: not this model on this device"
+        )
+    return median
 
 
 def slowdown_of(profiles: Iterable[ModelProfile], served: Mapping[str, Served]) -> float:
@@ -69,6 +112,12 @@ def slowdown_of(profiles: Iterable[ModelProfile], served: Mapping[str, Served]) 
         if size in profile.exec_ns
         for took in durations
     ]
-    if not ratios:
-        raise ValueError("the log holds no successful infer of a profiled model and batch size")
-    return statistics.median(ratios)
+    if len(ratios) < MIN_RUNS:
+        raise ServedLogError(f"the log holds {len(ratios)} successful infer(s) of a profiled model and batch size; "
+                             f"at least {MIN_RUNS} are needed to rescale the profiles")  # fmt: skip
+    slowdown = statistics.median(ratios)
+    low, high = PLAUSIBLE
+    if not low <= slowdown <= high:
+        raise ServedLogError(f"the run's infers took {slowdown:.3g}x their profiled times (median), outside "
+                             f"{low:g}-{high:g}x: not these models on this device")  # fmt: skip
+    return slowdown

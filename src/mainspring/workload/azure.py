@@ -14,6 +14,7 @@ With at least as many functions as models the block is the single Clockwork mode
 from __future__ import annotations
 
 import csv
+import io
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,11 +25,13 @@ import numpy as np
 
 from mainspring.models.profile import ModelProfile
 from mainspring.time import NS_PER_S
-from mainspring.workload.base import Arrival, Workload
+from mainspring.workload.base import MAX_ARRIVALS, Arrival, Workload
 
 MINUTES_PER_DAY = 1440
 NS_PER_MINUTE = 60 * NS_PER_S
 BUNDLED_TRACE = "azure-functions-2019-sample.csv"
+MAX_TRACE_BYTES = 1 << 30  # 1 GiB: a day of the full trace (~46,000 functions x 1440 minutes) is far less
+MAX_COUNT = 10_000_000  # invocations of one function in one minute: 170,000 r/s
 
 
 def bundled_trace_path() -> Path:
@@ -40,14 +43,11 @@ def read_trace(path: str | Path) -> list[list[int]]:
     """Per-function lists of invocations per minute, in file order.
 
     Accepts both headers: ``HashFunction,HashOwner,HashApp,minute_1..`` (the sample)
-    and ``HashOwner,HashApp,HashFunction,Trigger,1..1440`` (the original trace).
+    and ``HashOwner,HashApp,HashFunction,Trigger,1..1440`` (the original trace). Every error names
+    the file and, past the header, the line; a file over ``MAX_TRACE_BYTES`` is refused unread.
     """
     path = Path(path)
-    try:
-        with path.open(newline="") as handle:
-            rows = list(csv.reader(handle))
-    except OSError as error:
-        raise ValueError(f"cannot read trace file {path}: {error.strerror}") from None
+    rows = _csv_rows(path)
     if not rows:
         raise ValueError(f"trace file {path} is empty")
     header = rows[0]
@@ -56,18 +56,44 @@ def read_trace(path: str | Path) -> list[list[int]]:
         raise ValueError(f"trace file {path}: header has no 'minute_1' (or '1') column; got {header[:6]}")
     functions = []
     for line, row in enumerate(rows[1:], start=2):
-        if not row:
-            continue
-        try:
-            counts = [int(float(v)) if v else 0 for v in row[first_minute:]]
-        except ValueError:
-            raise ValueError(f"trace file {path}, line {line}: invocation counts must be numbers") from None
-        if any(c < 0 for c in counts):
-            raise ValueError(f"trace file {path}, line {line}: negative invocation count")
-        functions.append(counts)
+        if row:
+            functions.append(_counts(row[first_minute:], f"trace file {path}, line {line}"))
     if not functions:
         raise ValueError(f"trace file {path} has no functions")
     return functions
+
+
+def _csv_rows(path: Path) -> list[list[str]]:
+    """The file's CSV rows, told as a ``ValueError`` naming the file (and line) where it is no CSV text."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_TRACE_BYTES:
+            raise ValueError(f"trace file {path} is {size:,} bytes; a trace may be at most {MAX_TRACE_BYTES:,}")
+        data = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"cannot read trace file {path}: {error.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(f"trace file {path}, line {line}: not UTF-8 text (a trace is a CSV file)") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return list(reader)
+    except csv.Error as error:  # a NUL byte, a field past the csv module's limit
+        raise ValueError(f"trace file {path}, line {reader.line_num + 1}: not CSV text ({error})") from None
+
+
+def _counts(cells: list[str], where: str) -> list[int]:
+    """One function's invocations per minute; an empty cell is none."""
+    try:
+        values = [float(v) if v else 0.0 for v in cells]
+    except ValueError:
+        raise ValueError(f"{where}: invocation counts must be numbers") from None
+    bad = next((v for v in values if not 0 <= v <= MAX_COUNT), None)  # NaN fails the comparison too
+    if bad is not None:
+        raise ValueError(f"{where}: invocation count {bad:g} is not in [0, {MAX_COUNT:,}] a minute")
+    return [int(v) for v in values]
 
 
 def model_blocks(n_functions: int, n_models: int) -> list[range]:
@@ -121,6 +147,9 @@ class AzureTrace(Workload):
                 count = function[column] if column < len(function) else 0
                 if count == 0:
                     continue
+                if count * peak > MAX_ARRIVALS:  # one draw would fill the memory before any limit is checked
+                    raise ValueError(f"the trace at scale {peak:g} asks for {count * peak:.3g} requests in one minute "
+                                     f"of one function, more than a run holds ({MAX_ARRIVALS:,})")  # fmt: skip
                 n = int(generator.poisson(count * peak))
                 if n == 0:
                     continue
@@ -138,6 +167,13 @@ class AzureTrace(Workload):
                 if t >= duration_ns:
                     return
                 yield Arrival(t, names[m])
+
+    def expected_arrivals(self, models: int, duration_ns: int) -> float:
+        whole, rest = divmod(duration_ns, NS_PER_MINUTE)  # the last minute is cut where the run ends
+        first, last = self.start_minute, self.start_minute + whole
+        invocations = sum(sum(c[first:last]) + (c[last] * rest / NS_PER_MINUTE if last < len(c) else 0)
+                          for c in self._functions)  # fmt: skip
+        return float(invocations) * max(self.scale, self.ramp_to or 0.0)
 
     def scale_at(self, time_ns: int, duration_ns: int) -> float:
         """The scale at ``time_ns`` of a run of ``duration_ns`` (linear from ``scale`` to ``ramp_to``)."""

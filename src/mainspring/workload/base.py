@@ -36,6 +36,11 @@ class Workload:
     def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
         raise NotImplementedError
 
+    def expected_arrivals(self, models: int, duration_ns: int) -> float | None:
+        """About how many arrivals ``arrivals`` yields for ``models`` models over ``duration_ns``, found
+        without generating them (a mistyped rate is told at once); None where not known."""
+        return None
+
     def on_answer(self, arrival: Arrival, answered_ns: int, succeeded: bool) -> Arrival | None:
         """The next arrival caused by this answer (closed loop); None for open loops."""
         return None

@@ -60,6 +60,9 @@ class PoissonOpenLoop(Workload):
         for t in poisson_times(self.rate_rps, duration_ns, rng):
             yield Arrival(t, rng.choices(names, cum_weights=cumulative)[0])
 
+    def expected_arrivals(self, models: int, duration_ns: int) -> float:
+        return self.rate_rps * duration_ns / NS_PER_S
+
     def describe(self) -> str:
         return f"poisson {self.rate_rps:g} r/s, {self.popularity}"
 
@@ -94,6 +97,10 @@ class BurstyOnOff(Workload):
         per_model = [self._one_model(m.model, duration_ns, random.Random(rng.getrandbits(64))) for m in models]
         return heapq.merge(*per_model, key=lambda a: a.time_ns)
 
+    def expected_arrivals(self, models: int, duration_ns: int) -> float:
+        on_share = self.mean_on_s / (self.mean_on_s + self.mean_off_s)
+        return models * self.rate_rps * on_share * duration_ns / NS_PER_S
+
     def describe(self) -> str:
         return f"bursty {self.rate_rps:g} r/s per model while on ({self.mean_on_s:g} s on / {self.mean_off_s:g} s off)"
 
@@ -126,6 +133,9 @@ class ClosedLoop(Workload):
             model = models[client % len(models)].model
             for _ in range(self.outstanding):
                 yield Arrival(0, model)
+
+    def expected_arrivals(self, models: int, duration_ns: int) -> float:
+        return float(self.clients * self.outstanding)  # up front; each follow-up replaces an answered one
 
     def on_answer(self, arrival: Arrival, answered_ns: int, succeeded: bool) -> Arrival | None:
         next_ns = answered_ns + s_to_ns(self.think_s if succeeded else max(self.think_s, self.backoff_s))
@@ -169,6 +179,9 @@ class SloSweep(Workload):
         self._by_name = {m.model: m for m in models}
         for arrival in self.inner.arrivals(models, duration_ns, rng):
             yield self._with_slo(arrival)
+
+    def expected_arrivals(self, models: int, duration_ns: int) -> float | None:
+        return self.inner.expected_arrivals(models, duration_ns)
 
     def _with_slo(self, arrival: Arrival) -> Arrival:
         slo = self._by_name[arrival.model].slo_ns_for_factor(self.factor_at(arrival.time_ns))

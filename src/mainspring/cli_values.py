@@ -1,0 +1,124 @@
+"""The one place where the command line's numbers are bounded: ``type=`` helpers for argparse.
+
+Every numeric option is parsed by one of these, so a value that is not a number, not finite, or
+out of range is told by argparse as ``mainspring CMD: error: argument --OPTION: ...`` (exit 2,
+one line) before any command runs. The bounds are generous for real use and keep every run within
+what one machine holds: a value past them (``--devices 1000000``, ``--duration-s inf``) filled the
+memory or overflowed a conversion before it was refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable
+from typing import NoReturn
+
+DAY_S = 86_400.0
+MAX_DEVICES = 4096  # simulated or planned devices (a simulated 10,000 took 13 s and 850 MB to set up)
+MAX_MODELS = 1_000_000  # model copies (plan: 28 s and 1 GB at this; 10 million filled 7 GB)
+MAX_POOL_GIB = 4096.0  # weight pool per device
+MAX_PAGE_MIB = 4096
+MAX_RATE_RPS = 10_000_000.0  # besides the arrivals' own limit (MAX_ARRIVALS over the run)
+MAX_TRACE_SCALE = 1_000_000.0
+MAX_SCALE_FACTOR = 1000.0  # plan --what-if-scale
+MAX_SLO_MS = 86_400_000.0  # a day, as ``protocol.requests.slo_problem``
+MAX_CLIENTS = 100_000
+MAX_OUTSTANDING = 1000
+MAX_SEED = 2**63 - 1
+MAX_PORT = 65_535
+MAX_POOL_MIB = 2**24  # 16 TiB
+MAX_CORE = 4095
+MAX_PID = 2**22  # Linux's pid_max ceiling
+MAX_TEXT = 40  # characters of a bad value quoted back
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with an error told on one line (no usage block): ``prog: error: message``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, one_line(f"{self.prog}: error: {message}"))
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line (a value with a newline in it cannot split it), ending in a newline."""
+    return " ".join(message.split()) + "\n"
+
+
+def _quoted(text: str) -> str:
+    return repr(text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + "...")
+
+
+def _interval(low: float, high: float, low_open: bool) -> str:
+    return f"{'(' if low_open else '['}{_plain(low)}, {_plain(high)}]"
+
+
+def _plain(bound: float) -> str:
+    """A bound as typed: 86400000, not 8.64e+07."""
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e16 else f"{bound:g}"
+
+
+def finite_float(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
+    """A float in [low, high] (``low_open``: (low, high]), never NaN or infinite."""
+    interval = _interval(low, high, low_open)
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {_quoted(text)}") from None
+        if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+            raise argparse.ArgumentTypeError(f"must be a finite number in {interval}, got {_quoted(text)}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An integer in [low, high]; a huge one is refused before it is converted."""
+
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"\s*[-+]?\d{1,30}\s*", text):
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {_quoted(text)}")
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {_quoted(text)}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def number_list(low: float, high: float, *, low_open: bool = False) -> Callable[[str], list[float]]:
+    """Comma-separated numbers, each as ``finite_float(low, high)``; empty text is an empty list."""
+    one = finite_float(low, high, low_open=low_open)
+
+    def parse(text: str) -> list[float]:
+        try:
+            return [one(part.strip()) for part in text.split(",") if part.strip()]
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentTypeError(f"comma-separated numbers: each {error}") from None
+
+    parse.__name__ = "numbers"
+    return parse
+
+
+def endpoint(text: str) -> str:
+    """A ZeroMQ address a worker connects to: ``tcp://HOST:PORT`` or ``ipc://PATH``."""
+    tcp = re.fullmatch(r"tcp://(\S+):(\d{1,5})", text)
+    if tcp is not None and 1 <= int(tcp.group(2)) <= MAX_PORT:
+        return text
+    if re.fullmatch(r"ipc://\S+", text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT (port 1-{MAX_PORT}) or ipc://PATH, got {_quoted(text)}")
+
+
+POSITIVE_SECONDS = finite_float(0, DAY_S, low_open=True)
+SECONDS = finite_float(0, DAY_S)
+SLO_MS = finite_float(0, MAX_SLO_MS, low_open=True)
+PORT = bounded_int(0, MAX_PORT)
+SEED = bounded_int(0, MAX_SEED)
+POOL_GIB = finite_float(0, MAX_POOL_GIB, low_open=True)
+PAGE_MIB = bounded_int(1, MAX_PAGE_MIB)

@@ -238,6 +238,7 @@ class Server:
     async def _start_cell(self, cell: CellRole) -> None:
         """One cell: the controller, its workers, the channel to the frontends and the load signal."""
         await self.hub.start()
+        self.service.in_line = False  # it may have missed repository changes: the server's port says when not
         self._frontend_hub = FrontendHub(self.service, cell.endpoint, secret=self.config.worker_secret)
         await self._frontend_hub.start()
         self._publisher = SignalPublisher(cell.signal_endpoint, self._signal, self.config.worker_secret)

@@ -133,11 +133,12 @@ def repository(server: ServerProcess, model: str, change: str) -> int:
     return http_call(f"http://{server.http}/v2/repository/models/{model}/{change}", b"{}")[0]
 
 
-def test_an_unload_while_a_cell_restarts_stays_done_and_ready_agrees_with_infer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("frontends", ["1", "2"])  # 2: a frontend process's port too, which only waits
+def test_an_unload_while_a_cell_restarts_stays_done_and_ready_agrees_with_infer(tmp_path: Path, frontends: str) -> None:
     """Cell 0's controller is killed and a model unloaded at once: 200, from cell 1 alone. Cell 0 comes
     back with workers that still hold the model; it must not serve it again. At every moment until after
     its return, /ready and infer agree: the unloaded model is neither ready nor served, the other both."""
-    cells = TwoCells(tmp_path, "--slo-ms", "2000")
+    cells = TwoCells(tmp_path, "--slo-ms", "2000", "--frontends", frontends)
     server, (gone, kept) = cells.server, cells.models[:2]
     seen: list[tuple[str, int, int]] = []  # (model, /ready status, infer status)
 

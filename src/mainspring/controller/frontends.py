@@ -100,12 +100,13 @@ class FrontendHub:
         service = self.service
         models = [ModelInfo(m.config, m.profile.to_json(), m.version) for _, m in sorted(service.models.items())]
         return State(models, service.device_count, service.accepting, dict(service.load_errors),
-                     service.default_slo_ns, self._seq)  # fmt: skip
+                     service.default_slo_ns, self._seq, service.in_line)  # fmt: skip
 
     def _signature(self) -> object:
         service = self.service
         versions = tuple(sorted((name, m.version, m.key) for name, m in service.models.items()))  # key: reloads
-        return versions, service.device_count, service.accepting, tuple(sorted(service.load_errors.items()))
+        errors = tuple(sorted(service.load_errors.items()))
+        return versions, service.device_count, service.accepting, errors, service.in_line
 
     async def _broadcast_if_changed(self, timeout_s: float = 2.0) -> None:
         """The service's listener: every frontend gets the state when it changed since last sent, and
@@ -203,6 +204,9 @@ class FrontendHub:
                 value = await service.timeline_view(ask.seconds)
             elif ask.what == "state":
                 await self._send(identity, self._state())
+            elif ask.what == "in_line":  # a cell: the server brought it in line with the others
+                service.in_line = True
+                await service.announce()
             else:
                 raise ServiceError("invalid", f"unknown question {ask.what!r}")
         except ServiceError as error:

@@ -99,6 +99,7 @@ class ControllerService:
         self.lifecycle = ModelLifecycle(self)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.accepting = True
+        self.in_line = True  # a cell restarted (or started) is not, until the server says (``CellsPort``)
         # Told when models, devices or acceptance change (frontend processes keep a copy of that state).
         self.state_listeners: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._announcements: set[asyncio.Task[None]] = set()

@@ -64,7 +64,9 @@ class CellsPort:
         settles: bool = False,
     ) -> None:
         self._name = name
-        self._settles = settles  # applies what a returning cell missed (the server's port; not a frontend process's)
+        # The server's port brings a returning cell in line and then tells it; a frontend process's port
+        # routes to a cell only once it says so (``RemoteController.in_line``).
+        self._settles = settles
         self._secret = secret  # the worker secret guards the cells' channels where they are TCP ports (Ray)
         self.cells = [RemoteController(endpoint, f"{name}/cell-{i}", secret) for i, endpoint in enumerate(endpoints)]
         self._cells_file = Path(cells_file) if cells_file else None  # cells added later, listed by the server
@@ -90,6 +92,8 @@ class CellsPort:
         self._join_timeout_s = timeout_s
         self._subscriber.start()
         await asyncio.gather(*(cell.start(timeout_s) for cell in self.cells))
+        if self._settles:  # the cells of the start: nothing to catch up on
+            await asyncio.gather(*(cell.mark_in_line() for cell in self.cells))
         self._replan(REPLAN_S[0])
         self._spawn(self._plan_every())
         self._spawn(self._watch())
@@ -220,7 +224,7 @@ class CellsPort:
 
     # --- a cell that returns: in line with the others before it serves (``cells_settle.py``) ------------
     def _begin_settling(self, index: int) -> None:
-        if index not in self._settling and index not in self._departed:
+        if self._settles and index not in self._settling and index not in self._departed:
             self._settling.add(index)
             self._spawn(self._settle(index))
 
@@ -231,10 +235,12 @@ class CellsPort:
 
     def _serves(self, index: int, model: str) -> bool:
         """Cell ``index`` is up and serves ``model`` (a settling cell: as its settled peers do)."""
-        own = self.cells[index].models
-        if index in self._dead or model not in own:
+        cell = self.cells[index]
+        if index in self._dead or model not in cell.models:
             return False
-        return index not in self._settling or agrees(model, own, self._settled_models(index))
+        if not self._settles:
+            return cell.in_line
+        return index not in self._settling or agrees(model, cell.models, self._settled_models(index))
 
     async def _settle(self, index: int, period_s: float = 0.1) -> None:
         """Until cell ``index`` (up, with devices: its workers' models known) serves what its settled peers
@@ -245,15 +251,22 @@ class CellsPort:
             if index not in self._dead and cell.joined and cell.device_count > 0:
                 peers = self._settled_models(index)
                 changes = differences(cell.models, peers) if peers else []
-                if not changes:
-                    self._settling.discard(index)
-                    log.info("cell %d serves what the other cells serve: all its models take requests", index)
+                if not changes and await self._mark_in_line(index):
                     return
                 run = self._incarnation.get(index, 0)
                 for change in [c for c in changes if (run, c) not in tried] if self._settles else []:
                     tried.add((run, change))
                     await self._catch_up(index, change)
             await asyncio.sleep(period_s)
+
+    async def _mark_in_line(self, index: int) -> bool:
+        try:
+            await self.cells[index].mark_in_line()  # the frontend processes route to it from now on
+        except ServiceError:
+            return False  # gone again: its next run is brought in line
+        self._settling.discard(index)
+        log.info("cell %d serves what the other cells serve: all its models take requests", index)
+        return True
 
     async def _catch_up(self, index: int, change: Change) -> None:
         """Make on cell ``index`` a change the other cells had while it was down (if still wanted)."""

@@ -3,9 +3,11 @@ cells before it serves: a repository change made while it was down (a load, relo
 API reaches only the cells that are up) is applied to it when it returns. Without this, a restarted cell
 served again a model the user had unloaded (its workers still held it), 200 having been answered.
 
-Until then the cell is *settling*: it serves a model only as a settled peer serves it, at the same version
-and config (with no settled peer there is nothing to compare with: it serves what it holds). The
-server's own port applies the differences; a frontend process's port only waits for them to go.
+Until then the cell is *settling*: the server's port sends it a model's requests only where a settled peer
+serves that model at the same version and config (with no settled peer there is nothing to compare with:
+it serves what it holds), and makes the changes it missed; then it tells the cell, whose state says so to
+every frontend (``in_line``). A frontend process's port routes to a cell only once it is in line: a cell
+(re)started is not, until then.
 """
 
 from __future__ import annotations

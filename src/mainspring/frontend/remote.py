@@ -59,6 +59,7 @@ class RemoteController:
         self.accepting = False
         self.load_errors: dict[str, str] = {}
         self.default_slo_ns = 0
+        self.in_line = True  # a cell: serves what the other cells serve (``CellsPort``)
         self._socket: zmq.asyncio.Socket | None = None
         self._calls = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[tuple[Any, list[dict[str, Any]] | None]]] = {}
@@ -152,6 +153,7 @@ class RemoteController:
         self.accepting = state.accepting
         self.load_errors = dict(state.load_errors)
         self.default_slo_ns = state.default_slo_ns
+        self.in_line = state.in_line
         self._joined.set()
 
     async def _call(
@@ -207,6 +209,10 @@ class RemoteController:
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
         await self._ask("unload", model, timeout_s=timeout_s + ANSWER_GRACE_S)
+
+    async def mark_in_line(self) -> None:
+        """Tell a cell it serves what the other cells serve: every frontend may route to it now."""
+        await self._ask("in_line")
 
     async def warm(self, model: str) -> bool:
         """Ask the controller to load ``model`` before its requests come (``ControllerService.warm``)."""

@@ -73,6 +73,7 @@ class State(msgspec.Struct, frozen=True, tag=True):
     load_errors: dict[str, str]
     default_slo_ns: int
     seq: int = 0
+    in_line: bool = True  # a cell: False until the server says it serves what the other cells serve
 
 
 class Answers(msgspec.Struct, frozen=True, tag=True):

@@ -104,7 +104,7 @@ def test_a_restarted_controller_serves_a_reloaded_model_under_the_name_its_worke
         assert plane.model_config("a")["profile"]["model"] == "a"
         _, outputs = await plane.infer("a", None, [tensor(np.ones((1, 3), np.float32))], None, {})
         np.testing.assert_array_equal(outputs[0].data, np.ones((1, 3), np.float32))
-        with pytest.raises(InferenceError, match="unknown model 'a@2'"):
+        with pytest.raises(InferenceError, match="unknown model: 'a@2'"):
             await plane.infer("a@2", None, [tensor(np.ones((1, 3), np.float32))], None, {})
 
     # the worker reloaded a before the controller restarted

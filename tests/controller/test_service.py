@@ -105,10 +105,10 @@ def test_clockwork_settings_reach_the_live_policy() -> None:
 def test_errors_of_the_data_plane() -> None:
     async def test(service: ControllerService, plane: DataPlane, handle: InProcessWorker) -> None:
         one = tensor(np.ones((1, 3), np.float32))
-        with pytest.raises(InferenceError, match="unknown model 'z'") as unknown:
+        with pytest.raises(InferenceError, match="unknown model: 'z'") as unknown:
             await plane.infer("z", None, [one], None, {})
         assert unknown.value.status == 404
-        with pytest.raises(InferenceError, match="no version '2'"):
+        with pytest.raises(InferenceError, match="'a' version 2 is not found"):
             await plane.infer("a", "2", [one], None, {})
         with pytest.raises(InferenceError, match="deadline cannot be met") as rejected:
             await plane.infer("a", None, [one], None, {"slo_ms": 0.5})  # the fastest batch takes 1 ms

@@ -16,9 +16,11 @@ from mainspring.frontend.dataplane import InferenceError, decode_tensor, request
 from mainspring.frontend.extensions import check_priority, class_count
 from mainspring.frontend.http import _inputs, _requested_outputs
 from mainspring.frontend.limits import RequestLimits
+from mainspring.frontend.shared_memory import SharedMemoryRegions
 from mainspring.protocol.tensors import DATATYPES
 
 LIMITS = RequestLimits(max_elements=10_000, max_string_bytes=64, max_json_depth=8)
+REGIONS = SharedMemoryRegions()  # none registered: a placement fuzzed is refused with a 400
 
 # The float extremes every numeric parameter must survive (st.floats() reaches them only by luck).
 EXTREMES = st.sampled_from(
@@ -64,7 +66,7 @@ def refused_with_400(error: InferenceError) -> None:
 @example(value=[{"name": "x", "datatype": "INT8", "shape": [1], "data": [1e300]}], binary=b"")
 @example(value=[{"name": "0", "datatype": "FP16", "shape": [], "data": [65520.0]}], binary=b"")  # found: a 500
 def test_any_inputs_decode_to_tensors_of_their_shape_or_a_400(value: Any, binary: bytes) -> None:
-    tensors, error = attempt(lambda: _inputs(value, binary, LIMITS))
+    tensors, error = attempt(lambda: _inputs(value, binary, LIMITS, REGIONS))
     if error is not None:
         refused_with_400(error)
         return
@@ -76,7 +78,7 @@ def test_any_inputs_decode_to_tensors_of_their_shape_or_a_400(value: Any, binary
 @settings(max_examples=200, deadline=None)
 @given(value=json_values)
 def test_any_outputs_value_is_read_or_refused(value: Any) -> None:
-    requested, error = attempt(lambda: _requested_outputs(value, LIMITS))
+    requested, error = attempt(lambda: _requested_outputs(value, LIMITS, REGIONS))
     if error is not None:
         refused_with_400(error)
         return

@@ -50,9 +50,11 @@ __all__ = ["HTTP_STATUS", "DataPlane", "InferenceError", "Tensor", "decode_tenso
 MAX_DIMENSIONS = 32  # numpy's own limit is 64
 
 
-def unknown_model(name: str, version: str = "") -> str:
+def unknown_model(name: str, version: str = "", serving: int | None = None) -> str:
     """Triton's words for a model (or version) not served: its clients' examples match on the start."""
-    return f"Request for unknown model: '{name}'{version} is not found"
+    if not version:
+        return f"Request for unknown model: '{name}' is not found"
+    return f"Request for unknown model: '{name}' version {version} is not found (serving version {serving})"
 
 
 _SERVICE_STATUS = {"not_found": 404, "invalid": 400, "unavailable": 503, "overloaded": 429}
@@ -109,7 +111,7 @@ class DataPlane:
                 raise InferenceError(503, message, Outcome.NO_WORKER)
             raise InferenceError(404, unknown_model(name))
         if version not in (None, "", str(served.version)):
-            raise InferenceError(404, unknown_model(name, f" version {version} (serving version {served.version})"))
+            raise InferenceError(404, unknown_model(name, version, served.version))
         return served
 
     def model_ready(self, name: str, version: str | None = None) -> bool:

@@ -215,6 +215,8 @@ class Server:
         if self.cells is not None:
             workers = "their cells, placed by Ray" if config.ray else (
                 f"ports {config.worker_port}-{config.worker_port + config.cells - 1} (one per cell)")  # fmt: skip
+            if config.workers == "local" and not (config.ray or config.worker_secret or config.allow_open_workers):
+                workers = "their cell's private socket (ipc://, logged by each cell)"
         log.info("HTTP on http://%s:%d, gRPC on %s:%d, workers connect to %s",
                  config.host, config.http_port, config.host, config.grpc_port, workers)  # fmt: skip
         if shared:

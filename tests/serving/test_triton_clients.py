@@ -113,6 +113,8 @@ def test_http_infer_sync_async_and_aio(server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException) as unknown:
         client.infer("wrong_model_name", http_inputs())
     assert unknown.value.message().startswith("Request for unknown model: 'wrong_model_name' is not found")
+    with pytest.raises(InferenceServerException, match="expected 2 inputs but got 1 inputs for model 'simple'"):
+        client.infer("simple", http_inputs()[:1])
 
     async def aio() -> None:
         async with httpaio.InferenceServerClient(server.http) as aio_client:

@@ -31,6 +31,7 @@ from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.tensors import TensorSpec
 from tests.onnx_models import write_simple
 from tests.serving.processes import ServerProcess
+from tests.waiting import wait_for
 
 INPUT0 = np.arange(16, dtype=np.int32).reshape(1, 16)
 INPUT1 = np.ones((1, 16), dtype=np.int32)
@@ -42,14 +43,17 @@ class Double(torch.nn.Module):
         return x * 2
 
 
+def write_garbage(root: Path, name: str) -> None:
+    """A Triton config beside a file that is no ONNX model."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.onnx").write_bytes(b"\x08\x07 not a model" * 20)
+    (root / name / "config.pbtxt").write_text((root / "simple" / "config.pbtxt").read_text().replace("simple", name))
+
+
 def build_repository(root: Path) -> None:
     write_simple(root)
     write_simple(root, "badop", op="NoSuchOp")
-    (root / "garbage" / "1").mkdir(parents=True)
-    (root / "garbage" / "config.pbtxt").write_text(
-        (root / "simple" / "config.pbtxt").read_text().replace("simple", "garbage")
-    )
-    (root / "garbage" / "1" / "model.onnx").write_bytes(b"\x08\x07 not a model" * 20)
+    write_garbage(root, "garbage")
     (root / "badcfg" / "1").mkdir(parents=True)
     (root / "badcfg" / "config.pbtxt").write_text("this is { not a config")
     # A TorchScript module with no parameters at all: weightless too, served from the config.json layout.
@@ -66,7 +70,8 @@ def build_repository(root: Path) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("triton-clients")
     build_repository(folder / "repo")
-    process = ServerProcess(folder / "repo", folder / "server.log", "--slo-ms", "30000", "--frontends", "2")
+    flags = ("--slo-ms", "30000", "--frontends", "2", "--repository-poll-s", "0.2")
+    process = ServerProcess(folder / "repo", folder / "server.log", *flags)
     try:
         process.wait_ready()
         yield process
@@ -100,6 +105,20 @@ def test_the_weightless_models_serve_and_the_broken_ones_say_why(server: ServerP
     with pytest.raises(InferenceServerException, match="NoSuchOp"):  # loading it again says why again
         client.load_model("badop")
     check_sum_and_difference(client.infer("simple", http_inputs()))  # and nothing else stopped
+
+
+def test_models_put_in_the_polled_repository_serve_or_say_why(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.http)
+    write_garbage(server.repo, "garbage_later")
+    write_simple(server.repo, "simple_later")
+
+    def state(name: str) -> dict[str, str]:
+        return next((e for e in client.get_model_repository_index() if e["name"] == name), {})
+
+    wait_for(lambda: state("simple_later").get("state") == "READY", 60)
+    wait_for(lambda: "not an ONNX model" in state("garbage_later").get("reason", ""), 60)
+    assert state("garbage_later")["state"] == "UNAVAILABLE"
+    check_sum_and_difference(client.infer("simple_later", http_inputs()))
 
 
 def test_http_infer_sync_async_and_aio(server: ServerProcess) -> None:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import cast
+from typing import NamedTuple, cast
 
 from mainspring.cli_bench import add_bench, run_bench
 from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
@@ -137,7 +137,17 @@ def _cells(args: argparse.Namespace) -> CellsConfig | None:
     return CellsConfig(args.cells, retry_rejected=args.retry_rejected) if args.cells else None
 
 
-def _run_simulate(args: argparse.Namespace) -> int:
+class SimulateSetup(NamedTuple):
+    policies: list[str]
+    clockwork: dict[str, str]
+    profiles: list[ModelProfile]
+    config: SimulationConfig
+    cells: CellsConfig | None
+    workload: Workload
+
+
+def simulate_setup(args: argparse.Namespace) -> SimulateSetup:
+    """Every check ``simulate`` makes before it generates an arrival: a bad value is told at once."""
     policies = parse_policies(args.policy)
     clockwork = key_values(args.clockwork, "--clockwork")
     if clockwork and not set(policies) & set(SETTABLE):
@@ -149,6 +159,11 @@ def _run_simulate(args: argparse.Namespace) -> int:
     workload = workload_from(args)
     prepare_outputs({"--json": args.json}, {"--log-dir": args.log_dir, "--plot": args.plot})
     refuse_a_workload_past(MAX_ARRIVALS, args, workload, len(profiles), config.arrival_window_ns / NS_PER_S)
+    return SimulateSetup(policies, clockwork, profiles, config, cells, workload)
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    policies, clockwork, profiles, config, cells, workload = simulate_setup(args)
     arrivals = generate_arrivals(workload, profiles, config)
     results: dict[str, SimulationResult] = {}
     for policy in policies:

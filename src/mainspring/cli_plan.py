@@ -78,19 +78,26 @@ def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--quiet", action="store_true", help="no line per simulated point")
 
 
-def run_plan(args: argparse.Namespace) -> int:
+def plan_setup(
+    args: argparse.Namespace,
+) -> tuple[str, list[ModelProfile], list[tuple[str, SimulationConfig, Workload]]]:
+    """Every check ``plan`` makes before its first simulation, for the plan and each what-if (a what-if
+    refused after the plan's minutes of work lost them): the policy, the profiles, and each case's
+    label ("" for the plan), simulation settings and workload."""
     policies = parse_policies(args.policy)
     if len(policies) != 1:
         raise CliError(f"--policy takes one policy to plan for, got {args.policy}")
-    (policy,) = policies
     seconds = duration_s(args)
     prepare_outputs({"--json": args.json, "--plot": args.plot}, {})
     profiles = profiles_from_args(args)
-    cases = [("", "", args)] + [(f"SLO {v:g} ms", f"--what-if-slo {v:g}: ", _with(args, slo_ms=v)) for v in
-                                args.what_if_slo]  # fmt: skip
+    cases = [("", "", args)]
+    cases += [(f"SLO {v:g} ms", f"--what-if-slo {v:g}: ", _with(args, slo_ms=v)) for v in args.what_if_slo]
     cases += [(f"load x{v:g}", f"--what-if-scale {v:g}: ", _scaled(args, v)) for v in args.what_if_scale]
-    # Every case's checks before any output: a what-if refused after the plan's minutes of work lost them.
-    prepared = [(label, *_prepared(changed, profiles, seconds, flag)) for label, flag, changed in cases]
+    return policies[0], profiles, [(label, *_prepared(case, profiles, seconds, flag)) for label, flag, case in cases]
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    policy, profiles, prepared = plan_setup(args)
     (_, config, workload), what_ifs = prepared[0], prepared[1:]
     result, cells = _plan_once(args, profiles, policy, config, workload, verbose=not args.quiet)
     print(summary(result))

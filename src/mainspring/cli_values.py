@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 DAY_S = 86_400.0
@@ -39,6 +39,17 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, one_line(f"{self.prog}: error: {message}"))
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:  # argparse gives ``--policy=--`` as [], with no error and no type applied
+            value = getattr(parsed, action.dest, None)
+            given = value if isinstance(action, argparse._AppendAction) and isinstance(value, list) else [value]
+            if action.option_strings and action.nargs is None and [] in given and action.default != []:
+                self.error(f"argument {'/'.join(action.option_strings)}: expected one argument")
+        return parsed, extras
 
 
 def one_line(message: str) -> str:

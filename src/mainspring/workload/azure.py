@@ -14,6 +14,7 @@ With at least as many functions as models the block is the single Clockwork mode
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import random
 from collections.abc import Iterator, Sequence
@@ -61,6 +62,12 @@ def read_trace(path: str | Path) -> list[list[int]]:
     if not functions:
         raise ValueError(f"trace file {path} has no functions")
     return functions
+
+
+@functools.cache
+def _bundled_functions() -> list[list[int]]:
+    """The bundled sample, read once a process (half a second; ``plan`` reads it for each what-if)."""
+    return read_trace(bundled_trace_path())
 
 
 def _csv_rows(path: Path) -> list[list[str]]:
@@ -124,7 +131,7 @@ class AzureTrace(Workload):
             raise ValueError(f"trace scale must be positive, got {self.scale} (ramp to {self.ramp_to})")
         if not 0 <= self.start_minute < MINUTES_PER_DAY:
             raise ValueError(f"start minute must be in [0, {MINUTES_PER_DAY}), got {self.start_minute}")
-        functions = read_trace(self.trace if self.trace is not None else bundled_trace_path())
+        functions = read_trace(self.trace) if self.trace is not None else _bundled_functions()
         totals = [sum(counts) for counts in functions]
         order = sorted(range(len(functions)), key=lambda i: (-totals[i], i))
         self._functions = [functions[i] for i in order]

@@ -104,7 +104,8 @@ class RayCells:
 
     async def _wait_for_cells(self, count: int) -> None:
         deadline = time.monotonic() + self.config.join_timeout_s
-        while (ready := sum(1 for cell in self._port.cells if cell.device_count > 0)) < count:
+        # ready: with devices, and in line (the server's port compared it with the others and told it)
+        while (ready := sum(1 for cell in self._port.cells if cell.device_count > 0 and cell.in_line)) < count:
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"cells={count}, but {ready} cell(s) have devices after {self.config.join_timeout_s:.0f} s: "

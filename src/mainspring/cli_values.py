@@ -121,7 +121,7 @@ def endpoint(text: str) -> str:
     tcp = re.fullmatch(r"tcp://(\S+):(\d{1,5})", text)
     if tcp is not None and 1 <= int(tcp.group(2)) <= MAX_PORT:
         return text
-    if re.fullmatch(r"ipc://\S+", text):
+    if re.fullmatch(r"ipc://.+", text, flags=re.DOTALL):
         return text
     raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT (port 1-{MAX_PORT}) or ipc://PATH, got {_quoted(text)}")
 

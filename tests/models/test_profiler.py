@@ -43,8 +43,8 @@ def test_profile_of_an_empty_repository_is_a_clear_error(tmp_path: Path, capsys:
     ("flags", "message"),
     [
         (["--model", "nope"], "--model nope: not in "),
-        (["--model", "mlp", "--max-runs", "0"], "--max-runs must be at least 1 and --max-seconds positive"),
-        (["--model", "mlp", "--max-seconds", "-1"], "--max-runs must be at least 1 and --max-seconds positive"),
+        (["--model", "mlp", "--max-runs", "0"], "argument --max-runs: must be an integer in [1, 1000000], got '0'"),
+        (["--model", "mlp", "--max-seconds", "-1"], "argument --max-seconds: must be a finite number in (0, 3600]"),
         (["--model", "mlp", "--device", "cuda:9"], "device 'cuda:9' is not on this machine"),
     ],
 )

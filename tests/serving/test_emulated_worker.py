@@ -55,7 +55,7 @@ def test_emulated_devices_join_a_controller_and_every_request_is_answered_once(t
 
 def test_the_worker_command_refuses_flags_that_do_not_go_together(capsys: pytest.CaptureFixture[str]) -> None:
     for flags, said in ((["--repo", "x", "--emulate"], "not both"), ([], "not both"),
-                        (["--emulate", "--count", "0"], "--count (at least 1)"),
+                        (["--emulate", "--count", "0"], "argument --count: must be an integer in [1, 4096], got '0'"),
                         (["--repo", "x", "--count", "2"], "go with --emulate")):  # fmt: skip
         with pytest.raises(SystemExit) as stopped:
             main(["worker", "--controller", "tcp://127.0.0.1:1", *flags])

@@ -381,10 +381,7 @@ class Server:
 
     async def _wait_for_workers(self, count: int) -> None:
         deadline = asyncio.get_running_loop().time() + self.config.join_timeout_s
-        while len(self.service.workers) < count:
-            if self._stop.is_set():  # Ctrl-C while the workers load (it reaches them too): stop, not fail
-                log.info("stop requested during start-up")
-                return
+        while len(self.service.workers) < count:  # a stop asked meanwhile cancels this (``_start_unless_stopped``)
             if any(w.process.poll() is not None for w in self._local):
                 raise RuntimeError("a local worker process exited during start-up (see its log above)")
             if asyncio.get_running_loop().time() > deadline:

@@ -153,6 +153,7 @@ def _taken_in_range_or_named(case: tuple[str, argparse.Action], value: str) -> N
         (number_list(0, 10, low_open=True), "", []),
         (endpoint, "tcp://127.0.0.1:8002", "tcp://127.0.0.1:8002"),
         (endpoint, "ipc:///tmp/mainspring/workers", "ipc:///tmp/mainspring/workers"),
+        (endpoint, "tcp://[::1]:8002", "tcp://[::1]:8002"),
     ],
 )
 def test_values_in_range_are_taken(parse: object, text: str, expected: object) -> None:
@@ -171,6 +172,7 @@ def test_values_in_range_are_taken(parse: object, text: str, expected: object) -
         (number_list(0, 10, low_open=True), "2,inf", "each must be a finite number in (0, 10], got 'inf'"),
         (endpoint, "foo", "expected tcp://HOST:PORT (port 1-65535) or ipc://PATH, got 'foo'"),
         (endpoint, "tcp://host:70000", "got 'tcp://host:70000'"),
+        (endpoint, "tcp://*:8002", "got 'tcp://*:8002'"),  # ZeroMQ binds there but cannot connect: a traceback
     ],
 )
 def test_values_out_of_range_are_refused_with_the_range(parse: object, text: str, message: str) -> None:

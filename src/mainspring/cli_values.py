@@ -118,7 +118,7 @@ def number_list(low: float, high: float, *, low_open: bool = False) -> Callable[
 
 def endpoint(text: str) -> str:
     """A ZeroMQ address a worker connects to: ``tcp://HOST:PORT`` or ``ipc://PATH``."""
-    tcp = re.fullmatch(r"tcp://(\S+):(\d{1,5})", text)
+    tcp = re.fullmatch(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})", text)  # a name, IPv4 or [IPv6]
     if tcp is not None and 1 <= int(tcp.group(2)) <= MAX_PORT:
         return text
     if re.fullmatch(r"ipc://.+", text, flags=re.DOTALL):

@@ -108,7 +108,11 @@ class Cells:
                 await asyncio.sleep(0.05)
         finally:
             started.cancel()  # a failure, or a stop asked meanwhile (the start is cancelled)
-        await started
+        try:
+            await started
+        except TimeoutError:
+            silent = [i for i, cell in enumerate(self._port.cells) if not cell.joined]
+            raise RuntimeError(f"cells {silent} did not answer within {config.join_timeout_s:.0f} s") from None
         await self._wait_for_devices()
         self._supervisor = asyncio.create_task(self._supervise())
         log.info("%d cells ready: %s device(s)", config.cells, [c.device_count for c in self._port.cells])

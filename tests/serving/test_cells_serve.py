@@ -184,6 +184,21 @@ def test_sigterm_while_the_cells_wait_for_devices_stops_the_server_at_once(tmp_p
     assert cell_pids and not [pid for pid in cell_pids if Path(f"/proc/{pid}").exists()]  # the cells ended too
 
 
+def test_cells_without_devices_at_the_join_timeout_say_which_and_where_their_workers_join(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    """No worker joins: the start ends at ``join_timeout_s`` with one line naming the cells and their
+    workers' ports (a machine too slow to start the cells by then gets a line naming them too)."""
+    base, env = consecutive_free_ports(2), {**SECRET, "MAINSPRING_JOIN_TIMEOUT_S": "10"}
+    server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--workers", "tcp", "--cells", "2",
+                           "--frontends", "1", worker_port=base, env=env)  # fmt: skip
+    assert server.process.wait(60) == 1
+    server.stop()
+    errors = [line for line in server.log.read_text().splitlines() if " ERROR " in line]
+    no_device = f"cells [0, 1] have no device after 10 s (their workers join on ports [{base}, {base + 1}])"
+    assert len(errors) == 1 and (no_device in errors[0] or "did not answer within 10 s" in errors[0]), errors
+    assert "Traceback" not in server.log.read_text()
+
+
 def test_two_cells_on_one_device_are_refused_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "repo").mkdir()
     server = ServerProcess(tmp_path / "repo", tmp_path / "server.log", "--cells", "2")  # on --devices cpu

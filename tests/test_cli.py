@@ -47,7 +47,7 @@ def test_simulate_writes_table_json_plots_and_logs(tmp_path: Path, capsys: pytes
     ("extra", "message"),
     [
         (["--policy", "fifo"], "unknown policy fifo"),
-        (["--duration-s", "-5"], "argument --duration-s: must be a finite number in (0, 86400], got '-5'"),
+        (["--duration-s", "-5"], "argument --duration-s: must be a finite number in [0.001, 86400], got '-5'"),
         (["--workload", "sine"], "unknown workload 'sine'"),
         (["--trace", "/nonexistent/trace.csv"], "does not exist"),
         (["--models", "0"], "argument --models: must be an integer in [1, 1000000], got '0'"),
@@ -60,7 +60,7 @@ def test_simulate_writes_table_json_plots_and_logs(tmp_path: Path, capsys: pytes
         (["--clockwork", "estimate_percentile=120"], "estimate_percentile=120.0 must lie in (0, 100]"),
         (["--clockwork", "deadline_margin_ms=3"], "'deadline_margin_ms' is not set here"),
         (["--policy", "triton", "--clockwork", "lookahead=off"], "apply to policy clockwork, which --policy triton"),
-        (["--slo-ms", "1e300"], "argument --slo-ms: must be a finite number in (0, 86400000], got '1e300'"),
+        (["--slo-ms", "1e300"], "argument --slo-ms: must be a finite number in [0.001, 86400000], got '1e300'"),
         (["--device-memory-gib", "0.001"], "--device-memory-gib 0.001 holds no page of --page-mib 16"),
         # told before the run, whose results would otherwise be lost at its end
         (["--plot", "/proc/mainspring-plots"], "--plot /proc/mainspring-plots: cannot write there"),
@@ -147,7 +147,7 @@ def test_console_script_runs() -> None:
     ("extra", "message"),
     [
         (["--log", "/proc/mainspring/requests.tsv"], "--log /proc/mainspring/requests.tsv: cannot write there"),
-        (["--slo-ms", "0"], "argument --slo-ms: must be a finite number in (0, 86400000], got '0'"),
+        (["--slo-ms", "0"], "argument --slo-ms: must be a finite number in [0.001, 86400000], got '0'"),
         (["--models", " , "], "--models ' , ' names no model"),
         (["--workload", "closed", "--clients", "0"], "argument --clients: must be an integer in [1, 100000]"),
         # a rate mistyped by orders of magnitude (was: sent as fast as it could, a record of each kept)

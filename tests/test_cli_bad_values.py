@@ -32,7 +32,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 CASES: list[tuple[list[str], str]] = [
     # OverflowError before
-    (["simulate", "--duration-s", "inf"], "argument --duration-s: must be a finite number in (0, 86400], got 'inf'"),
+    (["simulate", "--duration-s", "inf"], "argument --duration-s: must be a finite number in [0.001, 86400]"),
     (["simulate", "--warmup-s", "inf"], "argument --warmup-s: must be a finite number in [0, 86400]"),
     (["plan", "--device-memory-gib", "inf"], "argument --device-memory-gib: must be a finite number in (0, 4096]"),
     (["simulate", "--device-memory-gib", "inf"], "argument --device-memory-gib: must be a finite number"),
@@ -45,7 +45,7 @@ CASES: list[tuple[list[str], str]] = [
     (["simulate", "--trace-scale", "1e9"], "argument --trace-scale: must be a finite number in (0, 1000000]"),
     (["simulate", "--devices", "4096", "--page-mib", "1"], "are 134,217,728 pages; a run holds at most 10,000,000"),
     # plan ran 50-70 s and took 2 GB before refusing
-    (["plan", "--duration-s", "1e9"], "argument --duration-s: must be a finite number in (0, 86400], got '1e9'"),
+    (["plan", "--duration-s", "1e9"], "argument --duration-s: must be a finite number in [0.001, 86400], got '1e9'"),
     (["plan", "--workload", "poisson", "--rate", "1e9"], "argument --rate: must be a finite number in (0, 10000000]"),
     (["plan", "--workload", "poisson", "--rate", "inf"], "argument --rate: must be a finite number"),
     (["plan", "--workload", "poisson", "--rate", "1e6"], "--rate 1e+06 for 60 s is 6e+07 requests; a run holds at"),
@@ -58,7 +58,7 @@ CASES: list[tuple[list[str], str]] = [
     # doubled devices forever
     (["plan", "--max-devices", "1000000"], "argument --max-devices: must be an integer in [1, 4096]"),
     # named no option, file or line
-    (["simulate", "--duration-s", "nan"], "argument --duration-s: must be a finite number in (0, 86400], got 'nan'"),
+    (["simulate", "--duration-s", "nan"], "argument --duration-s: must be a finite number in [0.001, 86400], got 'nan"),
     (["simulate", "--trace-scale", "inf"], "argument --trace-scale: must be a finite number in (0, 1000000]"),
     (["simulate", "--trace", "{binary}"], "binary.csv, line 2: not UTF-8 text (a trace is a CSV file)"),
     (["plan", "--trace", "{nul}"], "nul.csv, line 2: invocation counts must be numbers"),

@@ -205,3 +205,12 @@ def test_plan_refuses_an_slo_most_requests_cannot_meet(capsys: pytest.CaptureFix
     assert time.perf_counter() - started < HANG
     out = capsys.readouterr().out
     assert out.startswith("no plan: at most ") and "of the requests can meet their SLO" in out
+
+
+def test_an_slo_sweep_long_past_its_cap_stays_at_the_cap() -> None:
+    """``--sweep-growth 100 --sweep-interval-s 0.001``: 100 ** 1000 after a second overflowed a float."""
+    from mainspring.workload import SloSweep
+
+    sweep = SloSweep(PoissonOpenLoop(10.0), growth=100.0, interval_s=0.001)
+    assert sweep.factor_at(0) == 1.0 and sweep.factor_at(1_000_000) == 100.0
+    assert sweep.factor_at(3600 * NS_PER_S) == sweep.max_factor == 100.0

@@ -18,6 +18,7 @@ from mainspring.cli_values import (
     MAX_DEVICES,
     MAX_SCALE_FACTOR,
     MAX_SLO_MS,
+    MIN_SLO_MS,
     PAGE_MIB,
     POOL_GIB,
     bounded_int,
@@ -69,7 +70,7 @@ def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--cell-devices", type=bounded_int(1, MAX_DEVICES), default=CELL_DEVICES,
                    help=f"devices per cell at most (default {CELL_DEVICES})")  # fmt: skip
     p.add_argument("--policy", default="clockwork", help="the policy planned for (default clockwork)")
-    p.add_argument("--what-if-slo", type=number_list(0, MAX_SLO_MS, low_open=True), default=[],
+    p.add_argument("--what-if-slo", type=number_list(MIN_SLO_MS, MAX_SLO_MS), default=[],
                    help="comma-separated SLOs (ms) to plan for as well")  # fmt: skip
     p.add_argument("--what-if-scale", type=number_list(0, MAX_SCALE_FACTOR, low_open=True), default=[],
                    help="comma-separated load multipliers to plan for as well (2,5)")  # fmt: skip

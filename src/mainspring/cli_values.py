@@ -24,6 +24,9 @@ MAX_RATE_RPS = 10_000_000.0  # besides the arrivals' own limit (MAX_ARRIVALS ove
 MAX_TRACE_SCALE = 1_000_000.0
 MAX_SCALE_FACTOR = 1000.0  # plan --what-if-scale
 MAX_SLO_MS = 86_400_000.0  # a day, as ``protocol.requests.slo_problem``
+# The shortest span and SLO taken: 1e-300 s passed as positive and was 0 ns once converted.
+MIN_S = 0.001
+MIN_SLO_MS = 0.001
 MAX_CLIENTS = 100_000
 MAX_OUTSTANDING = 1000
 MAX_SEED = 2**63 - 1
@@ -126,9 +129,9 @@ def endpoint(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT (port 1-{MAX_PORT}) or ipc://PATH, got {_quoted(text)}")
 
 
-POSITIVE_SECONDS = finite_float(0, DAY_S, low_open=True)
+POSITIVE_SECONDS = finite_float(MIN_S, DAY_S)
 SECONDS = finite_float(0, DAY_S)
-SLO_MS = finite_float(0, MAX_SLO_MS, low_open=True)
+SLO_MS = finite_float(MIN_SLO_MS, MAX_SLO_MS)
 PORT = bounded_int(0, MAX_PORT)
 SEED = bounded_int(0, MAX_SEED)
 POOL_GIB = finite_float(0, MAX_POOL_GIB, low_open=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -172,7 +173,9 @@ class SloSweep(Workload):
         self._by_name: dict[str, ModelProfile] = {}
 
     def factor_at(self, time_ns: int) -> float:
-        steps = time_ns // s_to_ns(self.interval_s)
+        steps = time_ns // max(1, s_to_ns(self.interval_s))
+        if self.growth > 1:  # past the cap the power only overflows (100 ** 1000 steps did)
+            steps = min(steps, math.ceil(math.log(max(self.max_factor / self.start_factor, 1), self.growth)) + 1)
         return min(self.max_factor, self.start_factor * self.growth**steps)
 
     def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:

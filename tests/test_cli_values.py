@@ -214,3 +214,30 @@ def test_an_slo_sweep_long_past_its_cap_stays_at_the_cap() -> None:
     sweep = SloSweep(PoissonOpenLoop(10.0), growth=100.0, interval_s=0.001)
     assert sweep.factor_at(0) == 1.0 and sweep.factor_at(1_000_000) == 100.0
     assert sweep.factor_at(3600 * NS_PER_S) == sweep.max_factor == 100.0
+
+
+def test_zoo_copies_past_the_free_disk_are_refused_before_copying(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """100,000 copies of resnet18 (45 MB each) are 4.4 TB: refused after the first file, not once the disk is full."""
+    from mainspring.cli import main
+
+    out = tmp_path / "zoo"
+    with pytest.raises(SystemExit) as exited:
+        main(
+            [
+                "zoo",
+                "export",
+                "--out",
+                str(out),
+                "--models",
+                "resnet18",
+                "--copies",
+                "100000",
+                "--format",
+                "torchscript",
+            ]
+        )
+    assert exited.value.code == 2
+    assert "--copies 100000 of resnet18 need 4.37e+03 GiB; " in capsys.readouterr().err
+    assert len(list(out.iterdir())) == 1  # the first export only

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -86,11 +87,21 @@ def run_zoo(args: argparse.Namespace) -> int:
     for name in names:
         arch_args = {"image_size": args.image_size} if "image_size" in ARCHITECTURES[name].defaults else {}
         first = name if args.copies == 1 else f"{name}-{0:0{width}d}"
-        export_zoo_model(repo, name, fmt=args.format, args=arch_args, batch_sizes=batch_sizes, served_as=first)
+        config = export_zoo_model(repo, name, fmt=args.format, args=arch_args, batch_sizes=batch_sizes, served_as=first)
+        _refuse_copies_past_the_disk(args, name, repo.path(first) / config.file)
         for i in range(1, args.copies):
             copy_model(repo, first, f"{name}-{i:0{width}d}")
         print(f"{name}: {args.copies} model(s) in {args.out} ({args.format})")
     return 0
+
+
+def _refuse_copies_past_the_disk(args: argparse.Namespace, name: str, exported: Path) -> None:
+    """Each copy is another file like ``exported``: told before the copies fill the disk."""
+    needed = exported.stat().st_size * (args.copies - 1)
+    free = shutil.disk_usage(exported.parent).free
+    if needed > free:
+        raise ModelsCliError(f"--copies {args.copies} of {name} need {needed / 2**30:.3g} GiB; "
+                             f"{free / 2**30:.3g} GiB is free at --out {args.out}")  # fmt: skip
 
 
 def run_profile(args: argparse.Namespace) -> int:

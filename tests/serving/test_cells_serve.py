@@ -77,6 +77,9 @@ class TwoCells:
             for i in range(2)
         ]
         self.server.wait_ready()
+        if "--frontends" in args:  # the frontend processes too: what they see counts from the start
+            count = int(args[args.index("--frontends") + 1])
+            wait_for(lambda: self.server.log.read_text().count(") serving HTTP on") == count - 1, timeout_s=60)
         _, index = http_call(f"http://{self.server.http}/v2/repository/index", b"{}")
         self.models = sorted(entry["name"] for entry in json.loads(index))
 

@@ -27,14 +27,14 @@ from mainspring.cells.placement import CellCapacity, Placement, PlacementConfig,
 from mainspring.cells.routing import CellSignal, Costs, Router, routing_costs
 from mainspring.cells.wire import SignalSubscriber
 from mainspring.frontend.cells_metrics import merge_expositions, merged_timeline, summed_statistics
-from mainspring.frontend.cells_settle import LOAD, RELOAD, UNLOAD, Change, Models, agrees, differences
+from mainspring.frontend.cells_settle import Change, Models, agrees, change_call, differences
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.frontend.remote import RemoteController
 from mainspring.protocol.pages import DEFAULT_POOL_BYTES
 from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
 
-CellCall = Callable[[RemoteController], Awaitable[None]]  # a model operation, run on one cell
+CellCall = Callable[[RemoteController], Awaitable[None]]  # a model operation, run on one cell (``cells_settle``)
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class CellsPort:
         # routes to a cell only once it says so (``RemoteController.in_line``).
         self._settles = settles
         self._secret = secret  # the worker secret guards the cells' channels where they are TCP ports (Ray)
-        self.cells = [RemoteController(endpoint, f"{name}/cell-{i}", secret) for i, endpoint in enumerate(endpoints)]
+        self.cells = [self._channel(i, endpoint) for i, endpoint in enumerate(endpoints)]
         self._cells_file = Path(cells_file) if cells_file else None  # cells added later, listed by the server
         self._join_timeout_s = 60.0
         self.router = Router()
@@ -115,7 +115,7 @@ class CellsPort:
         """One more cell (cells on Ray, as nodes join); its index. Requests go to it once it has joined,
         signalled and has devices."""
         index = len(self.cells)
-        self.cells.append(RemoteController(endpoint, f"{self._name}/cell-{index}", self._secret))
+        self.cells.append(self._channel(index, endpoint))
         self._subscriber.add(signal_endpoint)
         self._spawn(self._join(index))
         self._begin_settling(index)  # it may miss a change made before it joined
@@ -169,6 +169,11 @@ class CellsPort:
             await asyncio.sleep(period_s)
             self.live_cells()
 
+    def _channel(self, index: int, endpoint: str) -> RemoteController:
+        """The channel to cell ``index``; a local cell's closing tells this port it died (``dead``)."""
+        return RemoteController(endpoint, f"{self._name}/cell-{index}", self._secret,
+                                lambda: self.dead(index, "its channel closed"))  # fmt: skip
+
     def dead(self, index: int, why: str) -> None:
         """Cell ``index``'s process is gone: requests go elsewhere, the calls it held fail now (to be tried
         on another cell while their deadlines allow), and what was queued for it is dropped."""
@@ -179,8 +184,9 @@ class CellsPort:
         failed = self.cells[index].fail_waiting(f"cell {index}'s controller is gone ({why})")
         if index not in self._rejoining:  # a rejoin under way replaces the socket itself
             self._spawn(self.cells[index].disconnect())
-        log.warning("cell %d is gone (%s): its models go to the other cells; %d call(s) it held are tried "
-                    "elsewhere", index, why, failed)  # fmt: skip
+        level = logging.WARNING if self.cells[index].accepting else logging.INFO  # not: it was stopping
+        log.log(level, "cell %d is gone (%s): its models go to the other cells; %d call(s) it held are tried "
+                "elsewhere", index, why, failed)  # fmt: skip
 
     async def close(self) -> None:
         await self._subscriber.close()  # first: no signal starts a rejoin while the rest closes
@@ -254,7 +260,7 @@ class CellsPort:
                 if not changes and await self._mark_in_line(index):
                     return
                 run = self._incarnation.get(index, 0)
-                for change in [c for c in changes if (run, c) not in tried] if self._settles else []:
+                for change in [c for c in changes if (run, c) not in tried]:
                     tried.add((run, change))
                     await self._catch_up(index, change)
             await asyncio.sleep(period_s)
@@ -271,16 +277,11 @@ class CellsPort:
     async def _catch_up(self, index: int, change: Change) -> None:
         """Make on cell ``index`` a change the other cells had while it was down (if still wanted)."""
         what, model = change
-        calls: dict[str, CellCall] = {
-            LOAD: lambda cell: cell.load_model(model),
-            RELOAD: lambda cell: cell.reload_model(model),
-            UNLOAD: lambda cell: cell.unload_model(model),
-        }
         async with self._changing.setdefault(model, asyncio.Lock()):
             if change not in differences(self.cells[index].models, self._settled_models(index)):
                 return  # a change through the API reached it meanwhile
             try:
-                await self._on_cell(index, calls[what])
+                await self._on_cell(index, change_call(change))
             except ServiceError as error:
                 log.warning("cell %d: the %s of %s it missed while down failed (it serves %s only as the "
                             "others do): %s", index, what, model, model, error)  # fmt: skip

@@ -12,9 +12,10 @@ every frontend (``in_line``). A frontend process's port routes to a cell only on
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from mainspring.frontend.port import ServedModel
+from mainspring.frontend.remote import RemoteController
 
 LOAD, RELOAD, UNLOAD = "load", "reload", "unload"
 Change = tuple[str, str]  # (LOAD, RELOAD or UNLOAD; the model)
@@ -46,3 +47,13 @@ def agrees(model: str, own: Models, peers: Sequence[Models]) -> bool:
     if served is None:
         return False
     return not peers or any(same(served, peer[model]) for peer in peers if model in peer)
+
+
+def change_call(change: Change) -> Callable[[RemoteController], Awaitable[None]]:
+    """What makes ``change`` on one cell."""
+    what, model = change
+    if what == LOAD:
+        return lambda cell: cell.load_model(model)
+    if what == RELOAD:
+        return lambda cell: cell.reload_model(model)
+    return lambda cell: cell.unload_model(model)

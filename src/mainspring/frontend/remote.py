@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -50,9 +50,13 @@ DROPPED_EVERY_S = 1.0  # clients dropped are told the controller together, at mo
 class RemoteController:
     """The controller in another process, over a DEALER socket connected to ``endpoint``."""
 
-    def __init__(self, endpoint: str, name: str, secret: str = "") -> None:
+    def __init__(self, endpoint: str, name: str, secret: str = "", on_gone: Callable[[], None] | None = None) -> None:
         self.endpoint = endpoint
         self.name = name
+        # Told when a local (ipc://) controller's end of the channel closes: its process is gone. A process
+        # that did not start it learns so at once, not at the next run's first signal.
+        self._on_gone = on_gone if endpoint.startswith("ipc://") else None
+        self._peer_watch: asyncio.Task[None] | None = None
         self._secret = secret  # the worker secret, where the channel is a TCP port (cells on Ray)
         self.models: dict[str, ServedModel] = {}
         self.device_count = 0
@@ -79,6 +83,8 @@ class RemoteController:
         socket.setsockopt(zmq.LINGER, 0)
         if tcp_secret(self.endpoint, self._secret):
             secure_worker(socket, self._secret)
+        if self._on_gone is not None:
+            self._peer_watch = asyncio.create_task(self._watch_peer(socket, self._on_gone))
         socket.connect(self.endpoint)
         self._socket = socket
         self._receiver = asyncio.create_task(self._receive())
@@ -106,13 +112,24 @@ class RemoteController:
         self._joined.clear()
         await self.start()
 
+    async def _watch_peer(self, socket: zmq.asyncio.Socket, on_gone: Callable[[], None]) -> None:
+        monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            while True:
+                await monitor.recv_multipart()  # an EVENT_DISCONNECTED, the only event asked for
+                on_gone()
+        finally:
+            socket.disable_monitor()
+            monitor.close(0)
+
     async def _stop_receiving(self) -> None:
-        receiver, socket = self._receiver, self._socket
-        self._receiver = self._socket = None
-        if receiver is not None:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await receiver
+        receiver, socket, watch = self._receiver, self._socket, self._peer_watch
+        self._receiver = self._socket = self._peer_watch = None
+        for task in (watch, receiver):  # the watch first: closing the socket here is no peer's exit
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if socket is not None:
             socket.close(0)
 

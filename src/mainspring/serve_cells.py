@@ -66,7 +66,7 @@ class Cells:
         self.config = config
         if config.workers == "local" and len(devices := config.device_list()) < config.cells:
             # a usage error (exit 2, one line), found before any process starts
-            raise ValueError(f"--cells {config.cells} needs a device per cell, and --devices gives {len(devices)} "
+            raise ValueError(f"--cells {config.cells} needs a device per cell, and the devices are {len(devices)} "
                              f"({','.join(devices)}); several cells may share a CPU: --devices cpu,cpu")  # fmt: skip
         self._dir = tempfile.TemporaryDirectory(prefix="mainspring-cells-")
         self._endpoints = [f"ipc://{self._dir.name}/cell-{i}" for i in range(config.cells)]

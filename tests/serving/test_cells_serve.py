@@ -222,7 +222,7 @@ def test_two_cells_on_one_device_are_refused_in_one_line(tmp_path: Path) -> None
     assert server.process.wait(60) == 2
     server.stop()
     lines = [line for line in server.log.read_text().splitlines() if line.strip()]
-    assert len(lines) == 1 and "--cells 2 needs a device per cell, and --devices gives 1 (cpu)" in lines[0], lines
+    assert len(lines) == 1 and "--cells 2 needs a device per cell, and the devices are 1 (cpu)" in lines[0], lines
 
 
 def test_remote_workers_models_alone_are_listed_and_one_unloaded_loads_back(tmp_path: Path) -> None:

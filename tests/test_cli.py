@@ -149,7 +149,7 @@ def test_console_script_runs() -> None:
         (["--log", "/proc/mainspring/requests.tsv"], "--log /proc/mainspring/requests.tsv: cannot write there"),
         (["--slo-ms", "0"], "argument --slo-ms: must be a finite number in [0.001, 86400000], got '0'"),
         (["--models", " , "], "--models ' , ' names no model"),
-        (["--workload", "closed", "--clients", "0"], "argument --clients: must be an integer in [1, 100000]"),
+        (["--workload", "closed", "--clients", "0"], "argument --clients: must be an integer in [1, 10000]"),
         # a rate mistyped by orders of magnitude (was: sent as fast as it could, a record of each kept)
         (["--rate", "1e6", "--duration-s", "60"], "--rate 1e+06 for 60 s is 6e+07 requests; a run holds at most"),
     ],

@@ -27,8 +27,8 @@ MAX_SLO_MS = 86_400_000.0  # a day, as ``protocol.requests.slo_problem``
 # The shortest span and SLO taken: 1e-300 s passed as positive and was 0 ns once converted.
 MIN_S = 0.001
 MIN_SLO_MS = 0.001
-MAX_CLIENTS = 100_000
-MAX_OUTSTANDING = 1000
+MAX_CLIENTS = 10_000  # closed loop: clients x outstanding are all in flight at time 0
+MAX_OUTSTANDING = 100
 MAX_SEED = 2**63 - 1
 MAX_PORT = 65_535
 MAX_POOL_MIB = 2**24  # 16 TiB

@@ -155,7 +155,7 @@ def refuse_a_workload_past(
         return
     flag = {"azure": f"--trace-scale {args.trace_scale:g}", "closed": f"--clients {args.clients} x --outstanding "
             f"{args.outstanding}"}.get(args.workload, f"--rate {args.rate:g}")  # fmt: skip
-    about = "" if args.workload in ("poisson", "slo-sweep", "closed") else "about "
+    about = {"poisson": "", "slo-sweep": "", "closed": "up to "}.get(args.workload, "about ")
     raise CliError(f"{flag} for {seconds:g} s is {about}{expected:.3g} requests; a run holds at most {limit:,}")
 
 

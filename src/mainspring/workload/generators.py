@@ -136,7 +136,10 @@ class ClosedLoop(Workload):
                 yield Arrival(0, model)
 
     def expected_arrivals(self, models: int, duration_ns: int) -> float:
-        return float(self.clients * self.outstanding)  # up front; each follow-up replaces an answered one
+        """At most: every request answered at once, each client sending again after its pause (a
+        refused one's ``backoff_s``: an overloaded run is this loop's busiest)."""
+        pause_s = max(self.think_s, self.backoff_s)
+        return self.clients * self.outstanding * (1 + duration_ns / NS_PER_S / pause_s)
 
     def on_answer(self, arrival: Arrival, answered_ns: int, succeeded: bool) -> Arrival | None:
         next_ns = answered_ns + s_to_ns(self.think_s if succeeded else max(self.think_s, self.backoff_s))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from mainspring.cli import build_parser, simulate_setup
 from mainspring.cli_plan import plan_setup
-from mainspring.cli_values import bounded_int, endpoint, finite_float, number_list
+from mainspring.cli_values import bounded_int, endpoint, finite_float, number_list, server_address
 from mainspring.cli_workload import CliError
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.sim.plan import plan
@@ -154,6 +154,8 @@ def _taken_in_range_or_named(case: tuple[str, argparse.Action], value: str) -> N
         (endpoint, "tcp://127.0.0.1:8002", "tcp://127.0.0.1:8002"),
         (endpoint, "ipc:///tmp/mainspring/workers", "ipc:///tmp/mainspring/workers"),
         (endpoint, "tcp://[::1]:8002", "tcp://[::1]:8002"),
+        (server_address, "http://localhost:8000/", "http://localhost:8000/"),
+        (server_address, "127.0.0.1", "127.0.0.1"),
     ],
 )
 def test_values_in_range_are_taken(parse: object, text: str, expected: object) -> None:
@@ -172,7 +174,9 @@ def test_values_in_range_are_taken(parse: object, text: str, expected: object) -
         (number_list(0, 10, low_open=True), "2,inf", "each must be a finite number in (0, 10], got 'inf'"),
         (endpoint, "foo", "expected tcp://HOST:PORT (port 1-65535) or ipc://PATH, got 'foo'"),
         (endpoint, "tcp://host:70000", "got 'tcp://host:70000'"),
-        (endpoint, "tcp://*:8002", "got 'tcp://*:8002'"),  # ZeroMQ binds there but cannot connect: a traceback
+        (endpoint, "tcp://*:8002", "got 'tcp://*:8002'"),
+        (server_address, "127.0.0.1:99999", "expected [http://]HOST[:PORT] (port 1-65535), got '127.0.0.1:99999'"),
+        (server_address, "ftp://x", "got 'ftp://x'"),  # ZeroMQ binds there but cannot connect: a traceback
     ],
 )
 def test_values_out_of_range_are_refused_with_the_range(parse: object, text: str, message: str) -> None:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mainspring.cli_values import server_address
 from mainspring.cli_workload import (
     CliError,
     add_workload_arguments,
@@ -26,7 +27,9 @@ from mainspring.workload.base import MAX_ARRIVALS
 
 def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("bench", help="send a workload on schedule to a KServe v2 server and report")
-    p.add_argument("--url", help="server address (default 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc)")
+    p.add_argument(
+        "--url", type=server_address, help="server address (default 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc)"
+    )
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     p.add_argument("--models", help="comma-separated model names (default: every ready model of the server)")
     add_workload_arguments(p, default="poisson", rate=50.0)

@@ -129,6 +129,14 @@ def endpoint(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT (port 1-{MAX_PORT}) or ipc://PATH, got {_quoted(text)}")
 
 
+def server_address(text: str) -> str:
+    """A server ``bench`` sends to: ``[http://|https://]HOST[:PORT]``."""
+    address = re.fullmatch(r"(https?://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:(\d{1,5}))?/?", text)
+    if address is not None and (address.group(4) is None or 1 <= int(address.group(4)) <= MAX_PORT):
+        return text
+    raise argparse.ArgumentTypeError(f"expected [http://]HOST[:PORT] (port 1-{MAX_PORT}), got {_quoted(text)}")
+
+
 POSITIVE_SECONDS = finite_float(MIN_S, DAY_S)
 SECONDS = finite_float(0, DAY_S)
 SLO_MS = finite_float(MIN_SLO_MS, MAX_SLO_MS)

@@ -83,6 +83,7 @@ def rewrite_actions(logs: Path, keep: int | None, **columns: str) -> None:
         (None, {"end_ns": "1e28"}, "end_ns '1e28' must be integers (ns)"),
         (None, {"end_ns": "nan"}, "must be integers (ns)"),
         (None, {"begin_ns": "9000000", "end_ns": "10"}, "ends before it begins (begin_ns 9000000, end_ns 10)"),
+        (None, {"batch_size": "1e3"}, "(mlp): batch_size '1e3' is not a batch size"),
         # every infer 100 ms against a profile of 4-40 ms: the run's slowdown is out of bounds
         (None, {"begin_ns": "0", "end_ns": "400000000"}, "outside 0.2-10x: not these models on this device"),
     ],

@@ -50,7 +50,7 @@ def served_durations(actions: Iterable[Mapping[str, str]]) -> dict[str, Served]:
             continue
         took = _took(action)
         if action["kind"] == "infer":
-            infers[action["model"]][int(action["batch_size"])].append(took)
+            infers[action["model"]][_batch_size(action)].append(took)
         elif action["kind"] == "load":
             loads[action["model"]].append(took)
     return {model: Served(dict(infers.get(model, {})), loads.get(model, [])) for model in set(infers) | set(loads)}
@@ -69,6 +69,14 @@ def _took(action: Mapping[str, str]) -> int:
     if end - begin > MAX_ACTION_NS:
         raise ServedLogError(f"{where}: took {(end - begin) / 1e9:.3g} s, more than an action can (an hour)")
     return end - begin
+
+
+def _batch_size(action: Mapping[str, str]) -> int:
+    text = action["batch_size"]
+    if not text.isdigit() or not 0 < int(text) <= 1 << 20:
+        raise ServedLogError(f"action {action.get('action_id', '?')} ({action.get('model', '?')}): batch_size "
+                             f"{text[:30]!r} is not a batch size")  # fmt: skip
+    return int(text)
 
 
 def recalibrated(profile: ModelProfile, served: Served, slowdown: float) -> ModelProfile:

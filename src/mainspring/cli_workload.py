@@ -24,13 +24,14 @@ from mainspring.protocol.pages import MIB
 from mainspring.time import s_to_ns
 from mainspring.worker.runtimes.emulated import NOISE_MODELS
 from mainspring.workload import AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, SloSweep, Workload
-from mainspring.workload.azure import MINUTES_PER_DAY
+from mainspring.workload.azure import MAX_TRACE_BYTES, MINUTES_PER_DAY
 
 WORKLOADS = ("azure", "poisson", "bursty", "closed", "slo-sweep")
 DEFAULT_DURATION_S = 60.0
 # Every device's free-page list is held, about 40 bytes a page: 10 million pages is some 400 MB
 # (a pool of 1e9 GiB was a MemoryError).
 MAX_POOL_PAGES = 10_000_000
+MAX_PROFILES_BYTES = 256 * MIB  # a profile file (the bundled Clockwork profiles are 1.5 KB)
 
 
 class CliError(Exception):
@@ -120,6 +121,8 @@ def profiles_from_args(args: argparse.Namespace) -> list[ModelProfile]:
     """``--models`` copies of the ``--profiles`` of one device kind: ``--device-kind``, or the only one they have."""
     if args.models < 1:
         raise CliError(f"--models must be at least 1, got {args.models}")
+    if args.profiles is not None:
+        _refuse_a_path_that_is_no_file("--profiles", args.profiles, MAX_PROFILES_BYTES, folder_too=True)
     try:
         profiles = profiles_from(args.profiles)
     except ValueError as error:
@@ -133,6 +136,19 @@ def profiles_from_args(args: argparse.Namespace) -> list[ModelProfile]:
             f"--device-kind {args.device_kind}: no profile of that kind (the profiles are of {', '.join(kinds)})"
         )
     return model_copies(chosen, args.models)
+
+
+def _refuse_a_path_that_is_no_file(flag: str, path: Path, most_bytes: int, folder_too: bool = False) -> None:
+    """Told before it is read: a missing path, a device or pipe (``/dev/zero`` was read until the
+    memory ran out), or a file past ``most_bytes``."""
+    if not path.exists():
+        raise CliError(f"{flag} {path} does not exist")
+    if path.is_dir() and folder_too:
+        return
+    if not path.is_file():
+        raise CliError(f"{flag} {path} is not a regular file")
+    if (size := path.stat().st_size) > most_bytes:
+        raise CliError(f"{flag} {path} is {size:,} bytes; at most {most_bytes:,} are read")
 
 
 def add_noise_argument(p: argparse.ArgumentParser, what: str = "emulated devices'") -> None:
@@ -191,8 +207,8 @@ def _replay_start_minute(args: argparse.Namespace) -> int:
 def workload_from(args: argparse.Namespace) -> Workload:
     name = args.workload
     if name == "azure":
-        if args.trace is not None and not args.trace.is_file():
-            raise CliError(f"trace file {args.trace} does not exist")
+        if args.trace is not None:
+            _refuse_a_path_that_is_no_file("--trace", args.trace, MAX_TRACE_BYTES)
         return AzureTrace(args.trace, args.trace_scale, _replay_start_minute(args))
     if name == "poisson":
         return PoissonOpenLoop(args.rate, args.popularity)

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from mainspring.cells.cost import CLOCKWORK_COST, ControllerCost, CostedScheduler
-from mainspring.cells.placement import CellCapacity, Placement, PlacementConfig, demand_of, plan
-from mainspring.cells.routing import Costs, Router, routing_costs
+from mainspring.cells.placement import Placement, PlacementConfig
+from mainspring.cells.planner import CellsPlanner, PlannerConfig, capacity_of_specs
+from mainspring.cells.routing import Costs, routing_costs
 from mainspring.cells.signal import cell_signal
 from mainspring.controller import Controller
 from mainspring.models.profile import ModelProfile
@@ -257,10 +258,6 @@ class CellWiring:
     answered: AnswerHook
 
 
-def capacities(cells: Sequence[Cell]) -> list[CellCapacity]:
-    return [CellCapacity(c.index, len(c.specs), sum(s.total_pages * s.page_bytes for s in c.specs)) for c in cells]
-
-
 def make_cells(
     policy: str,
     by_name: Mapping[str, ModelProfile],
@@ -303,36 +300,38 @@ class _LateSink:
 
 
 class Routing:
-    """The placement (re-planned from measured demand) and the router over the cells' signals."""
+    """The shared planner (``cells/planner.py``) over the simulated cells: every cell holds every model
+    and is always up, so each is able to serve every request; this adds the counters and the signals."""
 
     def __init__(self, cells: list[Cell], by_name: Mapping[str, ModelProfile], config: CellsConfig) -> None:
         self.cells = cells
         self.config = config
-        self.router = Router()
+        self.planner = CellsPlanner(PlannerConfig(FIRST_REPLAN_NS, config.replan_ns, config.handover_ns,
+                                                  config.placement))  # fmt: skip
+        self.router = self.planner.router
         self._profiles = by_name
         self._costs = {name: routing_costs(p) for name, p in by_name.items()}
-        self._capacities = capacities(cells)
-        self._arrivals: dict[str, int] = {}
-        self._rates: dict[str, float] = {}
-        self.placement: Placement = plan(self._capacities, (demand_of(p, 0.0) for p in by_name.values()), None,
-                                         config.placement)  # fmt: skip
-        self._serving: dict[str, tuple[int, ...]] = dict(self.placement)  # the placement and models handed over
-        self._handover: dict[str, int] = {}  # model -> when its old cells stop serving it
-        self.shared: dict[int, list[str]] = {}  # cell -> models it serves with other cells (its signal)
-        self._share()
+        self._capacities = [capacity_of_specs(c.index, c.specs) for c in cells]
+        self._all = range(len(cells))
         self.replans = 0
         self.moves = 0
         self.second_tries_served = 0
-        self._last_replan_ns = 0
+        self.planner.replan(0, self._capacities, by_name)
 
-    def cells_of(self, model: str) -> tuple[int, ...]:
-        return self._serving.get(model) or (0,)
+    @property
+    def placement(self) -> Placement:
+        return self.planner.placement
+
+    @property
+    def shared(self) -> Mapping[int, Sequence[str]]:
+        """Cell -> the models it serves with other cells (what its signal carries)."""
+        return self.planner.shared
 
     def route(self, request: Request, now_ns: int) -> Cell:
-        self._arrivals[request.model] = self._arrivals.get(request.model, 0) + 1
-        cells = self.cells_of(request.model)
         costs = self._costs.get(request.model) or Costs(0, 0, 0)
-        return self.cells[self.router.pick(request.model, cells, now_ns, costs)]
+        chosen = self.planner.route(request.model, now_ns, self._all, self._all, costs)
+        assert chosen is not None  # every cell is able
+        return self.cells[chosen]
 
     def second_cell(self, cell: Cell, request: Request, response: Response, now_ns: int) -> Cell | None:
         if not self.config.retry_rejected or response.outcome is not Outcome.DEADLINE_AT_ARRIVAL:
@@ -340,42 +339,19 @@ class Routing:
         costs = self._costs.get(request.model)
         if costs is None:
             return None
-        cells = self.cells_of(request.model)
-        chosen = self.router.second_choice(request.model, cells, cell.index, now_ns, request.deadline_ns, costs)
+        chosen = self.planner.retry(request.model, cell.index, now_ns, request.deadline_ns, self._all, self._all,
+                                    costs, meet_deadline=True)  # fmt: skip
         return None if chosen is None else self.cells[chosen]
 
     def replan(self, now_ns: int) -> None:
-        """New rates from the arrivals since the last re-plan (halfway to the last rate), then the plan."""
-        seconds = max(now_ns - self._last_replan_ns, 1) / NS_PER_S
-        self._last_replan_ns = now_ns
-        for name in set(self._rates) | set(self._arrivals):
-            measured = self._arrivals.get(name, 0) / seconds
-            self._rates[name] = measured if name not in self._rates else (self._rates[name] + measured) / 2
-        self._arrivals.clear()
-        demands = (demand_of(p, self._rates.get(name, 0.0)) for name, p in self._profiles.items())
-        placement = plan(self._capacities, demands, self.placement, self.config.placement)
-        for name, cells in placement.items():
-            old = self.placement.get(name, ())
-            if cells != old:
-                self.moves += 1
-                self._serving[name] = tuple(sorted(set(cells) | set(old)))
-                self._handover[name] = now_ns + self.config.handover_ns
-                for gained in set(cells) - set(old):  # loaded there before its requests come
-                    cell = self.cells[gained]
-                    cell.core.post(partial(_warm, cell, name))
-        self.placement = placement
-        for name in [n for n, until in self._handover.items() if until <= now_ns]:
-            del self._handover[name]
-            self._serving[name] = self.placement[name]
+        """The planner's re-plan; the models it warms are loaded on their new cells' cores."""
+        replan = self.planner.replan(now_ns, self._capacities, self._profiles)
+        assert replan is not None  # every profile, every cell
+        self.moves += len(replan.changed)
+        for index, model in replan.warms:  # loaded there before its requests come
+            cell = self.cells[index]
+            cell.core.post(partial(_warm, cell, model))
         self.replans += 1
-        self._share()
-
-    def _share(self) -> None:
-        self.shared = {}
-        for name, cells in sorted(self._serving.items()):
-            if len(cells) > 1:
-                for cell in cells:
-                    self.shared.setdefault(cell, []).append(name)
 
     def publish_from(
         self, cell: Cell, now_ns: Callable[[], int], deliver: Callable[[Callable[[], None]], None]

@@ -17,7 +17,6 @@ from mainspring.scheduler.base import Scheduler
 from mainspring.scheduler.registry import make_scheduler
 from mainspring.scheduler.timed import TimedScheduler
 from mainspring.sim.cells import (
-    FIRST_REPLAN_NS,
     Cell,
     CellsConfig,
     CellsSummary,
@@ -260,8 +259,7 @@ class _CellsRun(_Arrivals):
         self._max_lag_ns = cells.max_lag_ns if cells.max_lag_ns is not None else config.slo_ns // 2
         self._retried: set[int] = set()
         self._closing = False
-        self._replan_every_ns = FIRST_REPLAN_NS
-        self.loop.call_at(FIRST_REPLAN_NS, self._replan, PRIORITY_WAKEUP)
+        self.loop.call_at(self.routing.planner.next_replan_ns, self._replan, PRIORITY_WAKEUP)
         self.loop.call_at(0, self._signal, PRIORITY_WAKEUP)
 
     def _devices(self, specs: list[DeviceSpec], sink: Callable[[ActionResult], None]) -> list[EmulatedDevice]:
@@ -314,8 +312,7 @@ class _CellsRun(_Arrivals):
     def _replan(self) -> None:
         self.routing.replan(self.loop.now_ns())
         if not self.done():
-            self._replan_every_ns = min(2 * self._replan_every_ns, self.cells_config.replan_ns)
-            self.loop.call_at(self.loop.now_ns() + self._replan_every_ns, self._replan, PRIORITY_WAKEUP)
+            self.loop.call_at(self.routing.planner.next_replan_ns, self._replan, PRIORITY_WAKEUP)
 
     def _signal(self) -> None:
         now = self.loop.now_ns()

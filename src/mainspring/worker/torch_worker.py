@@ -30,6 +30,7 @@ from mainspring.time import Clock, WallClock
 from mainspring.worker.api import ResultCallback
 from mainspring.worker.runtimes.device_memory import pool_after_registration
 from mainspring.worker.runtimes.host_weights import HostModel, PinningError, drop_weights
+from mainspring.worker.runtimes.load_leftovers import LoadLeftovers
 from mainspring.worker.runtimes.torch_device import ExecSettings, TorchDevice
 
 log = logging.getLogger(__name__)
@@ -99,9 +100,11 @@ class TorchWorker:
         clock: Clock | None = None,
         use_stored_profiles: bool = True,
         on_lost: Callable[[str], None] | None = None,
+        keep_load_leftovers: bool = False,
     ) -> None:
         """``on_lost``: told (once, after the result that says so) when a device's CUDA context is lost, which
-        only a new process recovers from."""
+        only a new process recovers from. ``keep_load_leftovers``: keep what reading a model leaves in the process
+        (``load_leftovers.py``), as before issue 55; only ``benchmarks/worker_churn.py`` compares."""
         self.repo = repo
         self.settings = settings or ExecSettings()
         self.use_stored_profiles = use_stored_profiles
@@ -124,6 +127,7 @@ class TorchWorker:
         self._models: dict[str, tuple[ModelConfig, ModelProfile]] = {}
         self._versions: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.leftovers = LoadLeftovers(enabled=not keep_load_leftovers)
         self.load_errors: dict[str, str] = {}
         for model in repo.models() if models is None else models:
             try:
@@ -170,7 +174,8 @@ class TorchWorker:
             if key in self._models:
                 raise ModelLoadError(f"model {key!r} is already registered")
             try:
-                return self._register(model, version, key)
+                with self.leftovers.reading(key):
+                    return self._register(model, version, key)
             except ModelLoadError:
                 raise
             except Exception as error:  # a bad config, a profile that does not validate: this model alone fails
@@ -223,6 +228,7 @@ class TorchWorker:
             self._models.pop(model, None)
             for device in self._devices:
                 device.remove(model)
+            self.leftovers.forget(model)
 
     def submit(self, action: Action, inputs: Sequence[Sample] | None = None) -> None:
         if not 0 <= action.device < len(self._devices):

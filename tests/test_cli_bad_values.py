@@ -69,8 +69,9 @@ CASES: list[tuple[list[str], str]] = [
     (["worker", "--controller", "foo"], "argument --controller: expected tcp://HOST:PORT (port 1-65535) or ipc://PATH"),
     (["simulate", "--policy=--"], "argument --policy: expected one argument"),  # argparse gave [] to the command
     # read until the memory ran out (MemoryError)
-    (["simulate", "--profiles", "/dev/zero"], "--profiles /dev/zero is not a regular file"),
-    (["plan", "--trace", "/dev/zero"], "--trace /dev/zero is not a regular file"),
+    (["simulate", "--profiles", "/dev/zero"], "argument --profiles: /dev/zero is not a regular file"),
+    (["plan", "--trace", "/dev/zero"], "argument --trace: /dev/zero is not a regular file"),
+    (["worker", "--controller", "tcp://127.0.0.1:9", "--emulate", "/dev/zero"], "argument --emulate: /dev/zero is not"),
 ]
 
 

@@ -18,6 +18,7 @@ from mainspring.cli_values import (
     MAX_MODELS,
     MAX_PID,
     MAX_POOL_MIB,
+    MAX_PROFILES_BYTES,
     MAX_SLO_MS,
     PORT,
     POSITIVE_SECONDS,
@@ -26,6 +27,7 @@ from mainspring.cli_values import (
     bounded_int,
     endpoint,
     finite_float,
+    input_path,
 )
 from mainspring.cli_workload import add_noise_argument
 
@@ -89,7 +91,7 @@ def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="controller, tcp://HOST:PORT (its worker_secret in $MAINSPRING_WORKER_SECRET)")  # fmt: skip
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
     p.add_argument("--repo", type=Path, help="model repository (not with --emulate)")
-    p.add_argument("--emulate", nargs="?", const="builtin", metavar="PROFILES",
+    p.add_argument("--emulate", nargs="?", const="builtin", metavar="PROFILES", type=_profiles_source,
                    help="emulated devices instead of a real one: profile-driven durations, no compute, each model "
                         "echoing its input; PROFILES a profile file or profiled repository (default: Clockwork's "
                         "V100 profiles)")  # fmt: skip
@@ -109,6 +111,14 @@ def add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "address, keeping the weights (without --parent-pid it always does)")  # fmt: skip
     p.add_argument("--controller-timeout-s", type=POSITIVE_SECONDS, default=3.0,
                    help="start over to join again when the controller is silent this long (default 3)")  # fmt: skip
+
+
+def _profiles_source(text: str) -> str:
+    """``--emulate``'s profiles, checked as ``--profiles`` are (a bare ``--emulate``: the builtin ones; argparse
+    passes its ``const`` through this too)."""
+    if text == "builtin":
+        return text
+    return str(input_path(MAX_PROFILES_BYTES, folder_too=True)(text))
 
 
 def run_serve(args: argparse.Namespace) -> int:

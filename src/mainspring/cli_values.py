@@ -13,6 +13,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 DAY_S = 86_400.0
@@ -35,6 +36,7 @@ MAX_POOL_MIB = 2**24  # 16 TiB
 MAX_CORE = 4095
 MAX_PID = 2**22  # Linux's pid_max ceiling
 MAX_TEXT = 40  # characters of a bad value quoted back
+MAX_PROFILES_BYTES = 256 * 2**20  # a profile file (the bundled Clockwork profiles are 1.5 KB)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -135,6 +137,26 @@ def server_address(text: str) -> str:
     if address is not None and (address.group(4) is None or 1 <= int(address.group(4)) <= MAX_PORT):
         return text
     raise argparse.ArgumentTypeError(f"expected [http://]HOST[:PORT] (port 1-{MAX_PORT}), got {_quoted(text)}")
+
+
+def input_path(most_bytes: int, folder_too: bool = False) -> Callable[[str], Path]:
+    """A file read whole (a folder too, with ``folder_too``): refused before it is read where it is
+    missing, a device or pipe (``/dev/zero`` was read until the memory ran out), or past ``most_bytes``."""
+
+    def parse(text: str) -> Path:
+        path = Path(text)
+        if not path.exists():
+            raise argparse.ArgumentTypeError(f"{text[:200]} does not exist")
+        if path.is_dir() and folder_too:
+            return path
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"{text[:200]} is not a regular file")
+        if (size := path.stat().st_size) > most_bytes:
+            raise argparse.ArgumentTypeError(f"{text[:200]} is {size:,} bytes; at most {most_bytes:,} are read")
+        return path
+
+    parse.__name__ = "path"
+    return parse
 
 
 POSITIVE_SECONDS = finite_float(MIN_S, DAY_S)

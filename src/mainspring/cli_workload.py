@@ -10,6 +10,7 @@ from mainspring.cli_values import (
     MAX_CLIENTS,
     MAX_MODELS,
     MAX_OUTSTANDING,
+    MAX_PROFILES_BYTES,
     MAX_RATE_RPS,
     MAX_TRACE_SCALE,
     POSITIVE_SECONDS,
@@ -17,6 +18,7 @@ from mainspring.cli_values import (
     SLO_MS,
     bounded_int,
     finite_float,
+    input_path,
 )
 from mainspring.models.profile import ModelProfile, model_copies
 from mainspring.models.repository import profiles_from
@@ -31,7 +33,6 @@ DEFAULT_DURATION_S = 60.0
 # Every device's free-page list is held, about 40 bytes a page: 10 million pages is some 400 MB
 # (a pool of 1e9 GiB was a MemoryError).
 MAX_POOL_PAGES = 10_000_000
-MAX_PROFILES_BYTES = 256 * MIB  # a profile file (the bundled Clockwork profiles are 1.5 KB)
 
 
 class CliError(Exception):
@@ -65,7 +66,9 @@ def add_workload_arguments(
 ) -> None:
     """The shared options; ``azure_duration_s`` is the replay's default length (other workloads: 60 s)."""
     p.add_argument("--workload", default=default, help=f"one of {', '.join(WORKLOADS)} (default {default})")
-    p.add_argument("--trace", type=Path, help="Azure Functions trace CSV (default: the bundled sample)")
+    p.add_argument(
+        "--trace", type=input_path(MAX_TRACE_BYTES), help="Azure Functions trace CSV (default: the bundled sample)"
+    )
     p.add_argument(
         "--trace-scale",
         type=finite_float(0, MAX_TRACE_SCALE, low_open=True),
@@ -107,7 +110,9 @@ def add_workload_arguments(
 
 def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--profiles", type=Path, help="profile file or profiled model repository (default: Clockwork's V100 profiles)"
+        "--profiles",
+        type=input_path(MAX_PROFILES_BYTES, folder_too=True),
+        help="profile file or profiled model repository (default: Clockwork's V100 profiles)",
     )
     p.add_argument(
         "--models", type=bounded_int(1, MAX_MODELS), default=4026, help="model copies of the profiles (default 4026)"
@@ -121,8 +126,6 @@ def profiles_from_args(args: argparse.Namespace) -> list[ModelProfile]:
     """``--models`` copies of the ``--profiles`` of one device kind: ``--device-kind``, or the only one they have."""
     if args.models < 1:
         raise CliError(f"--models must be at least 1, got {args.models}")
-    if args.profiles is not None:
-        _refuse_a_path_that_is_no_file("--profiles", args.profiles, MAX_PROFILES_BYTES, folder_too=True)
     try:
         profiles = profiles_from(args.profiles)
     except ValueError as error:
@@ -136,19 +139,6 @@ def profiles_from_args(args: argparse.Namespace) -> list[ModelProfile]:
             f"--device-kind {args.device_kind}: no profile of that kind (the profiles are of {', '.join(kinds)})"
         )
     return model_copies(chosen, args.models)
-
-
-def _refuse_a_path_that_is_no_file(flag: str, path: Path, most_bytes: int, folder_too: bool = False) -> None:
-    """Told before it is read: a missing path, a device or pipe (``/dev/zero`` was read until the
-    memory ran out), or a file past ``most_bytes``."""
-    if not path.exists():
-        raise CliError(f"{flag} {path} does not exist")
-    if path.is_dir() and folder_too:
-        return
-    if not path.is_file():
-        raise CliError(f"{flag} {path} is not a regular file")
-    if (size := path.stat().st_size) > most_bytes:
-        raise CliError(f"{flag} {path} is {size:,} bytes; at most {most_bytes:,} are read")
 
 
 def add_noise_argument(p: argparse.ArgumentParser, what: str = "emulated devices'") -> None:
@@ -207,8 +197,6 @@ def _replay_start_minute(args: argparse.Namespace) -> int:
 def workload_from(args: argparse.Namespace) -> Workload:
     name = args.workload
     if name == "azure":
-        if args.trace is not None:
-            _refuse_a_path_that_is_no_file("--trace", args.trace, MAX_TRACE_BYTES)
         return AzureTrace(args.trace, args.trace_scale, _replay_start_minute(args))
     if name == "poisson":
         return PoissonOpenLoop(args.rate, args.popularity)

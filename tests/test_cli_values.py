@@ -78,7 +78,8 @@ def test_no_numeric_option_is_parsed_unbounded() -> None:
 
 
 BAD = ["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400", "1e308", "1e9", "1e30", "-1", "-0", "0", "",
-       " ", "1_000", "0x10", "١٢", "9" * 40, "1e3", "2.5", "a\nb", "-", "--", "1,2", "tcp://", "%s"]  # fmt: skip
+       " ", "1_000", "0x10", "١٢", "9" * 40, "1e3", "2.5", "a\nb", "-", "--", "1,2", "tcp://", "%s",
+       "x" * 5000]  # fmt: skip
 VALUES = st.one_of(
     st.sampled_from(BAD),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),

@@ -245,7 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(_COMMANDS[args.command](args))
     except (CliError, ModelsCliError, ValueError) as error:
-        parser.exit(2, one_line(f"mainspring {args.command}: error: {error}"))
+        parser.exit(2, one_line(f"mainspring {args.command}: error: {str(error)[:1000]}"))
+    except OSError as error:  # a path the user gave that cannot be used (too long a name, no permission)
+        where = f"{str(error.filename)[:200]}: " if error.filename else ""
+        parser.exit(2, one_line(f"mainspring {args.command}: error: {where}{error.strerror or error}"))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -144,15 +145,19 @@ def input_path(most_bytes: int, folder_too: bool = False) -> Callable[[str], Pat
     missing, a device or pipe (``/dev/zero`` was read until the memory ran out), or past ``most_bytes``."""
 
     def parse(text: str) -> Path:
-        path = Path(text)
-        if not path.exists():
-            raise argparse.ArgumentTypeError(f"{text[:200]} does not exist")
-        if path.is_dir() and folder_too:
+        path, shown = Path(text), text if len(text) <= 200 else text[:200] + "..."
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            raise argparse.ArgumentTypeError(f"{shown} does not exist") from None
+        except (OSError, ValueError) as error:  # a name too long, a NUL byte, no permission
+            raise argparse.ArgumentTypeError(f"{shown}: {getattr(error, 'strerror', None) or error}") from None
+        if stat.S_ISDIR(mode) and folder_too:
             return path
-        if not path.is_file():
-            raise argparse.ArgumentTypeError(f"{text[:200]} is not a regular file")
+        if not stat.S_ISREG(mode):
+            raise argparse.ArgumentTypeError(f"{shown} is not a regular file")
         if (size := path.stat().st_size) > most_bytes:
-            raise argparse.ArgumentTypeError(f"{text[:200]} is {size:,} bytes; at most {most_bytes:,} are read")
+            raise argparse.ArgumentTypeError(f"{shown} is {size:,} bytes; at most {most_bytes:,} are read")
         return path
 
     parse.__name__ = "path"

@@ -72,6 +72,9 @@ CASES: list[tuple[list[str], str]] = [
     (["simulate", "--profiles", "/dev/zero"], "argument --profiles: /dev/zero is not a regular file"),
     (["plan", "--trace", "/dev/zero"], "argument --trace: /dev/zero is not a regular file"),
     (["worker", "--controller", "tcp://127.0.0.1:9", "--emulate", "/dev/zero"], "argument --emulate: /dev/zero is not"),
+    # an OSError traceback: a name longer than the file system takes
+    (["simulate", "--trace", "x" * 5000], ": File name too long"),
+    (["analyze", "x" * 5000], ": File name too long"),
 ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import math
 import time
@@ -21,6 +22,7 @@ from mainspring.cli_plan import plan_setup
 from mainspring.cli_values import bounded_int, endpoint, finite_float, number_list, server_address
 from mainspring.cli_workload import CliError
 from mainspring.models.profile import builtin_profiles, model_copies
+from mainspring.serve_config import ServeConfig, load_config
 from mainspring.sim.plan import plan
 from mainspring.sim.run import SimulationConfig
 from mainspring.time import NS_PER_S
@@ -105,9 +107,15 @@ def _one_clear_line(text: str, option: str) -> None:
     assert option in text, text
 
 
+def _serve_setup(args: argparse.Namespace) -> None:
+    """``serve``'s settings from its flags, as ``run_serve`` merges them (with the file and environment)."""
+    fields = {f.name for f in dataclasses.fields(ServeConfig)}
+    load_config(None, {}, {k: v for k, v in vars(args).items() if k in fields and k != "clockwork"}, args.clockwork)
+
+
 def _checked_before_the_work(command: str, args: argparse.Namespace) -> None:
-    """``simulate`` and ``plan``: their checks before the first arrival, on a value the parser took."""
-    setup = {"simulate": simulate_setup, "plan": plan_setup}.get(command)
+    """``simulate``, ``plan`` and ``serve``: their checks before any work, on a value the parser took."""
+    setup = {"simulate": simulate_setup, "plan": plan_setup, "serve": _serve_setup}.get(command)
     if setup is None:
         return
     started = time.perf_counter()

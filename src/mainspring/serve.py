@@ -42,6 +42,7 @@ from mainspring.frontend.access import Access
 from mainspring.frontend.dataplane import DataPlane
 from mainspring.frontend.http import start_http
 from mainspring.frontend.limits import RequestLimits
+from mainspring.frontend.port import ControllerPort
 from mainspring.frontend.process import TOKEN_ENV, FrontendSpec
 from mainspring.models.repository import ModelRepository
 from mainspring.ray_cluster import RayPlacer, RayWorkers
@@ -123,7 +124,7 @@ class CellsFront(Protocol):
     """The cells behind this server's frontends (``serve_cells.py``): it starts and keeps them."""
 
     @property
-    def port(self) -> Any: ...  # a ControllerPort
+    def port(self) -> ControllerPort: ...
 
     @property
     def endpoints(self) -> list[str]: ...
@@ -198,8 +199,9 @@ class Server:
         else:
             await self.hub.start()
         access = Access(config.auth_token, config.auth_inference)
-        port = self.service if self.cells is None else self.cells.port
-        plane = self._plane = DataPlane(port, self.repo, limits=config.limits(), access=access)
+        controller = self.service if self.cells is None else self.cells.port
+        plane = self._plane = DataPlane(controller, self.repo, limits=config.limits(), access=access,
+                                        shed=config.shed_at_arrival)  # fmt: skip
         if config.host not in LOOPBACK and not config.auth_token:
             log.warning("listening on %s without auth_token: anyone who reaches it can load and unload models",
                         config.host)  # fmt: skip
@@ -326,7 +328,7 @@ class Server:
         for index in range(1, count + 1):
             spec = FrontendSpec(endpoint, f"frontend-{index}", config.host, config.http_port, config.grpc_port,
                                 os.getpid(), repo, limits, config.auth_inference, cells, signals,
-                                cells_file, shared_memory=shared_memory)  # fmt: skip
+                                cells_file, shared_memory=shared_memory, shed=config.shed_at_arrival)  # fmt: skip
             command = [sys.executable, "-m", "mainspring.frontend.process", msgspec.json.encode(spec).decode()]
             self._frontends.append(LocalWorker(spec.name, command, subprocess.Popen(command, env=self._frontend_env())))
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -485,6 +487,7 @@ class Server:
         if self._plane is not None:
             self._plane.dropped.report()  # what the last interval saw, not left unlogged
             self._plane.shared_memory.close()  # registrations end with the server
+            self._plane.gate.stop()
         if self._ray is not None:
             await asyncio.to_thread(self._ray.stop)
         await self.hub.close()

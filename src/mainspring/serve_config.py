@@ -65,6 +65,10 @@ class ServeConfig:
     max_outstanding_mib: int = 512  # their input tensors (the server holds about 3x this); past it 429
     # The controller's event loop this far behind: new requests 429 (its CPU is spent); 0: half of slo_ms.
     max_loop_lag_ms: float = 0.0
+    # Refuse new calls at arrival, before reading them, while the frontend's event loop runs late (past a
+    # twentieth of slo_ms, in three wakes of a 5 ms timer running): the share taken adapts to what the
+    # process's CPU keeps up with (``frontend/shedding.py``); false: every call is read and judged alone.
+    shed_at_arrival: bool = True
     # "uvloop": more requests/s through one controller, but its millisecond timers cost attainment
     # (docs/benchmarks.md); needs `pip install uvloop`.
     event_loop: str = "asyncio"

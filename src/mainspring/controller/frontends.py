@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import msgspec
@@ -100,7 +101,7 @@ class FrontendHub:
         service = self.service
         models = [ModelInfo(m.config, m.profile.to_json(), m.version) for _, m in sorted(service.models.items())]
         return State(models, service.device_count, service.accepting, dict(service.load_errors),
-                     service.default_slo_ns, self._seq, service.in_line)  # fmt: skip
+                     service.default_slo_ns, self._seq, service.in_line, service.pool_bytes)  # fmt: skip
 
     def _signature(self) -> object:
         service = self.service
@@ -159,7 +160,7 @@ class FrontendHub:
                 reason = "this controller was restarted since the call was sent; the frontend joins it again"
                 await self._send(key, Refused(message.call, RESTARTED, reason))
             elif isinstance(message, Submit) and samples is not None:
-                self._spawn(self._infer(key, message, samples))
+                self._spawn(self._infer(key, message, samples, time.monotonic_ns()))
             elif isinstance(message, Ask):
                 self._spawn(self._ask(key, message))
             elif isinstance(message, Dropped):
@@ -172,11 +173,12 @@ class FrontendHub:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _infer(self, identity: bytes, submit: Submit, samples: list[dict[str, Any]]) -> None:
+    async def _infer(self, identity: bytes, submit: Submit, samples: list[dict[str, Any]], received_ns: int) -> None:
         name = self._frontends.get(identity, "?")
         self.service.metrics.frontend_calls.labels(name).inc()
+        waited = submit.waited_ns + time.monotonic_ns() - received_ns  # in the frontend, then in this loop
         try:
-            answers = await self.service.infer(submit.model, samples, submit.slo_ns)
+            answers = await self.service.infer(submit.model, samples, submit.slo_ns, waited)
         except ServiceError as error:
             await self._send(identity, Refused(submit.call, error.kind, str(error)))
             return

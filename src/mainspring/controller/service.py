@@ -27,11 +27,12 @@ from mainspring.controller.overload import OverloadGuard
 from mainspring.controller.rejoin import RejoinBackoff
 from mainspring.controller.workers import WorkerSet, announced_only
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
+from mainspring.frontend.shedding import SHED
 from mainspring.protocol import ActionResult, DeviceSpec, Outcome, Request, Response
 from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
 from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.protocol.tensors import Sample, TensorSpec
-from mainspring.scheduler.base import Membership
+from mainspring.scheduler.base import Membership, Warms
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
 from mainspring.telemetry.metrics import ModelStats, ServingMetrics
 from mainspring.telemetry.recorder import LogWriter
@@ -140,13 +141,21 @@ class ControllerService:
         return len(self.connected.links)
 
     @property
+    def pool_bytes(self) -> int:
+        """The connected devices' weight pools together (a cell's capacity in the cells' plan)."""
+        return sum(spec.total_pages * spec.page_bytes for spec in self.connected.specs.values())
+
+    @property
     def device_ids(self) -> list[int]:
         """The connected devices (the controller's ids)."""
         return sorted(self.connected.links)
 
     # --- clients ------------------------------------------------------------------------------
-    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
-        """Submit one request per sample (all with the same deadline) and wait for every answer."""
+    async def infer(
+        self, model: str, samples: Sequence[Sample], slo_ns: int | None = None, waited_ns: int = 0
+    ) -> list[Answer]:
+        """Submit one request per sample (all with the same deadline, from when the call's first byte was read:
+        ``waited_ns`` ago) and wait for every answer."""
         if not self.accepting:
             raise ServiceError("unavailable", "the server is shutting down")
         served = self.models.get(model)
@@ -161,10 +170,10 @@ class ControllerService:
             raise ServiceError("overloaded", f"overloaded: {refusal}")
         slo = slo_ns if slo_ns is not None else self.default_slo_ns
         self._output_specs[served.key] = served.config.outputs  # what its results must hold
-        now = self.clock.now_ns()
+        arrival = self.clock.now_ns() - max(0, waited_ns)
         futures = []
         for sample in samples:
-            request = Request(next(self._request_ids), served.key, now, now + slo, slo, sample)
+            request = Request(next(self._request_ids), served.key, arrival, arrival + slo, slo, sample)
             future: asyncio.Future[Answer] = self.loop.create_future()
             self._futures[request.id] = future
             self._open[served.key] += 1
@@ -320,8 +329,7 @@ class ControllerService:
         served = self.models.get(model)
         if served is None:
             raise ServiceError("not_found", f"unknown model {model!r}")
-        warm = getattr(self._membership, "warm", None)
-        if warm is None or not warm(served.key):
+        if not isinstance(self._membership, Warms) or not self._membership.warm(served.key):
             return False
         self.controller.pump()
         return True
@@ -339,7 +347,10 @@ class ControllerService:
         return self.metrics.exposition(self.clock.now_ns())
 
     def count_dropped_client(self, transport: str, cause: str, frontend: str = "main", count: int = 1) -> None:
-        self.metrics.client_disconnects.labels(frontend, transport, cause).inc(count)
+        if cause == SHED:  # refused at arrival, before the call was read: a rejection, not a client gone
+            self.metrics.rejections.labels(Outcome.OVERLOADED.value).inc(count)
+        else:
+            self.metrics.client_disconnects.labels(frontend, transport, cause).inc(count)
 
     async def timeline_view(self, seconds: float) -> dict[str, Any]:
         """The live page's data: every device's lanes over the last ``seconds``."""

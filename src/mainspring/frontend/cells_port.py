@@ -2,13 +2,13 @@
 one ``ControllerPort`` over every cell's controller process.
 
 Every cell serves every model of the repository (each loads it on its own devices when asked), so
-placement only decides where requests go: the planner (``placement.py``) gives each model its cells
-from the demand this frontend measured, re-planned every few seconds; among a model's cells the
-router (``routing.py``) picks the one whose load signal says a batch of one ends first. A cell whose
-signal has not come for ``STALE_S`` is taken as gone: its models go to the others, which can serve
-them at once (the price is a cold load). A load, reload or unload goes to every cell that is up; one
-that was down gets it when it returns, before it serves again (``cells_settle.py``); statistics add up
-over the cells; the metrics get a ``cell`` label; the live page shows every cell's devices.
+placement only decides where requests go: the shared planner (``cells/planner.py``, the simulator's
+too) gives each model its cells from the demand this frontend measured, re-planned every few seconds,
+and picks among them the one whose load signal says a batch of one ends first. Which cells can take a
+request is the membership's (``cells/membership.py``): a cell whose signal has not come for a second is
+taken as gone, and its models go to the others. A load, reload or unload goes to every cell that is up;
+one that was down gets it when it returns, before it serves again (``cells_settle.py``); statistics add
+up over the cells; the metrics get a ``cell`` label; the live page shows every cell's devices.
 """
 
 from __future__ import annotations
@@ -17,41 +17,34 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mainspring.cells.placement import CellCapacity, Placement, PlacementConfig, demand_of, plan
-from mainspring.cells.routing import CellSignal, Costs, Router, routing_costs
+from mainspring.cells.membership import Do, Effect, Membership, Phase
+from mainspring.cells.placement import PlacementConfig
+from mainspring.cells.planner import CellsPlanner, PlannerConfig, Replan
+from mainspring.cells.routing import CellSignal, Costs, routing_costs
 from mainspring.cells.wire import SignalSubscriber
 from mainspring.frontend.cells_metrics import merge_expositions, merged_timeline, summed_statistics
 from mainspring.frontend.cells_settle import Change, Models, agrees, change_call, differences
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.frontend.remote import RemoteController
-from mainspring.protocol.pages import DEFAULT_POOL_BYTES
 from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
+from mainspring.time import NS_PER_S, Clock, WallClock, s_to_ns
 
 CellCall = Callable[[RemoteController], Awaitable[None]]  # a model operation, run on one cell (``cells_settle``)
 
 log = logging.getLogger(__name__)
 
-STALE_S = 1.0  # a cell silent this long is taken as gone
-REPLAN_S = (0.25, 2.0)  # the first re-plan, and the longest interval between re-plans (doubling)
 LISTED_JOIN_S = 10.0  # a frontend process waits this long at most for the cells listed at its start
-HANDOVER_S = 1.0  # a model that moves is served by its old and new cells this long (the new one warms it)
+__all__ = ["CellsPort", "merge_expositions"]
 
 
 class CellsPort:
-    """``ControllerPort`` over the cells' controllers (``RemoteController`` each, on ``endpoints``).
-
-    A cell is *silent* when its signal has not come for ``STALE_S``: no request goes to it, but what it
-    holds is left to it (a slow cell still answers). It is *dead* when its process is known to have
-    exited (``dead``, from the process that started it) or a signal comes from a new run of it: then
-    the calls it held fail at once (it never answers them) and are tried on another cell, and its
-    socket is replaced, so that nothing queued for the dead process reaches the next one."""
+    """``ControllerPort`` over the cells' controllers (``RemoteController`` each, on ``endpoints``): the
+    planner and the membership decide, this carries out (``clock``: the time they go by)."""
 
     def __init__(
         self,
@@ -62,39 +55,35 @@ class CellsPort:
         secret: str = "",
         cells_file: str = "",
         settles: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self._name = name
         # The server's port brings a returning cell in line and then tells it; a frontend process's port
         # routes to a cell only once it says so (``RemoteController.in_line``).
         self._settles = settles
         self._secret = secret  # the worker secret guards the cells' channels where they are TCP ports (Ray)
-        self.cells = [self._channel(i, endpoint) for i, endpoint in enumerate(endpoints)]
+        self._clock = clock or WallClock()
+        self.membership = Membership(self._clock, settles)
+        self.planner = CellsPlanner(PlannerConfig(placement=placement or PlacementConfig()), self._clock.now_ns())
+        self.router = self.planner.router
+        self.cells: list[RemoteController] = []
+        for endpoint in endpoints:
+            self._carry(self._new_cell(endpoint, late=False))
         self._cells_file = Path(cells_file) if cells_file else None  # cells added later, listed by the server
         self._join_timeout_s = 60.0
-        self.router = Router()
-        self._placement_config = placement or PlacementConfig()
         self._subscriber = SignalSubscriber(list(signal_endpoints), self._signal, secret)
-        self._seen: dict[int, int] = {}  # cell -> monotonic ns of its last signal
-        self._incarnation: dict[int, int] = {}  # cell -> the run of its process that signalled last
-        self._silent: set[int] = set()
-        self._dead: set[int] = set()
-        self._departed: set[int] = set()  # gone for good (its Ray node left): dead, and counted nowhere
-        self._rejoining: set[int] = set()
-        self._settling: set[int] = set()  # back from a restart, or joined late: serves only as its peers do
         self._changing: dict[str, asyncio.Lock] = {}  # one repository change of a model at a time
-        self.placement: Placement = {}
-        self._handover: dict[str, tuple[float, tuple[int, ...]]] = {}  # model -> (until, old and new cells)
-        self._arrivals: Counter[str] = Counter()
-        self._rates: dict[str, float] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
 
     async def start(self, timeout_s: float = 60.0) -> None:
         self._join_timeout_s = timeout_s
         self._subscriber.start()
         await asyncio.gather(*(cell.start(timeout_s) for cell in self.cells))
+        for index in range(len(self.cells)):
+            self._carry(self.membership.joined(index))
         if self._settles:  # the cells of the start: nothing to catch up on
             await asyncio.gather(*(cell.mark_in_line() for cell in self.cells))
-        self._replan(REPLAN_S[0])
+        self._plan_tick()
         self._spawn(self._plan_every())
         self._spawn(self._watch())
         if self._cells_file is not None:
@@ -105,29 +94,38 @@ class CellsPort:
         """The cells the server lists now, joined before this frontend takes requests (one that does not
         answer within ``timeout_s``, a cell still starting, is joined when it does)."""
         self._sync_cells_file()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(
-            not cell.joined for index, cell in enumerate(self.cells) if index not in self._dead
+        deadline = self._clock.now_ns() + s_to_ns(timeout_s)
+        while self._clock.now_ns() < deadline and any(
+            not cell.joined for index, cell in enumerate(self.cells) if not self.membership.down(index)
         ):
             await asyncio.sleep(0.02)
 
     def add_cell(self, endpoint: str, signal_endpoint: str) -> int:
         """One more cell (cells on Ray, as nodes join); its index. Requests go to it once it has joined,
-        signalled and has devices."""
+        signalled and has devices (it settles first: it may miss a change made before it joined)."""
         index = len(self.cells)
-        self.cells.append(self._channel(index, endpoint))
+        effects = self._new_cell(endpoint, late=True)
         self._subscriber.add(signal_endpoint)
         self._spawn(self._join(index))
-        self._begin_settling(index)  # it may miss a change made before it joined
+        self._carry(effects)
         return index
 
+    def _new_cell(self, endpoint: str, late: bool) -> list[Effect]:
+        index, effects = self.membership.add(late)
+        self.cells.append(RemoteController(endpoint, f"{self._name}/cell-{index}", self._secret,
+                                           lambda: self.dead(index, "its channel closed")))  # fmt: skip
+        return effects
+
     async def _join(self, index: int) -> None:
+        cell = self.cells[index]
         try:
-            await self.cells[index].start(self._join_timeout_s)
+            await cell.start(self._join_timeout_s)
         except TimeoutError:  # its join stays queued: the cell takes it when it binds
             log.warning("cell %d did not answer within %g s", index, self._join_timeout_s)
-        else:
-            log.info("cell %d joined, with %d device(s)", index, self.cells[index].device_count)
+            while not cell.joined:
+                await asyncio.sleep(0.1)
+        log.info("cell %d joined, with %d device(s)", index, cell.device_count)
+        self._carry(self.membership.joined(index))
 
     async def _follow_cells_file(self, period_s: float = 0.5) -> None:
         """The cells the server lists (a JSON list of [endpoint, signal, departed]): new ones are added,
@@ -145,21 +143,39 @@ class CellsPort:
         for endpoint, signal_endpoint, _ in listed[len(self.cells) :]:
             self.add_cell(endpoint, signal_endpoint)
         for index, (_, _, departed) in enumerate(listed):
-            if departed and index not in self._departed:
+            if departed:
                 self.depart(index, "the server says it left")
 
     def depart(self, index: int, why: str) -> None:
         """Cell ``index`` is gone for good (its node left): as ``dead``, and its models, devices and
         capacity count no more."""
-        self.dead(index, why)
-        self._departed.add(index)
-        self._settling.discard(index)
+        self._carry(self.membership.departed(index, why))
 
-    def _present(self) -> list[RemoteController]:
-        """Every cell but the departed ones."""
-        return [cell for index, cell in enumerate(self.cells) if index not in self._departed]
+    def dead(self, index: int, why: str) -> None:
+        """Cell ``index``'s process is gone: requests go elsewhere, the calls it held fail now (to be tried
+        on another cell while their deadlines allow), and what was queued for it is dropped."""
+        self._carry(self.membership.exited(index, why))
 
-    def _spawn(self, work: Any) -> None:
+    def _carry(self, effects: Sequence[Effect]) -> None:
+        """What the membership decided, done."""
+        for effect in effects:
+            index, cell = effect.cell, self.cells[effect.cell] if effect.cell < len(self.cells) else None
+            assert cell is not None
+            if effect.do is Do.FAIL_WAITING:
+                failed = cell.fail_waiting(f"cell {index}'s controller is gone ({effect.text})")
+                level = logging.WARNING if cell.accepting else logging.INFO  # not: it was stopping
+                log.log(level, "cell %d is gone (%s): its models go to the other cells; %d call(s) it held are "
+                        "tried elsewhere", index, effect.text, failed)  # fmt: skip
+            elif effect.do is Do.DISCONNECT:
+                self._spawn(cell.disconnect())
+            elif effect.do is Do.REJOIN:
+                self._spawn(self._rejoin(index))
+            elif effect.do is Do.SETTLE:
+                self._spawn(self._settle(index))
+            else:
+                log.log(logging.WARNING if effect.do is Do.WARN else logging.INFO, "%s", effect.text)
+
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -167,26 +183,7 @@ class CellsPort:
     async def _watch(self, period_s: float = 0.1) -> None:
         while True:
             await asyncio.sleep(period_s)
-            self.live_cells()
-
-    def _channel(self, index: int, endpoint: str) -> RemoteController:
-        """The channel to cell ``index``; a local cell's closing tells this port it died (``dead``)."""
-        return RemoteController(endpoint, f"{self._name}/cell-{index}", self._secret,
-                                lambda: self.dead(index, "its channel closed"))  # fmt: skip
-
-    def dead(self, index: int, why: str) -> None:
-        """Cell ``index``'s process is gone: requests go elsewhere, the calls it held fail now (to be tried
-        on another cell while their deadlines allow), and what was queued for it is dropped."""
-        if index in self._dead:
-            return
-        self._dead.add(index)
-        self._begin_settling(index)
-        failed = self.cells[index].fail_waiting(f"cell {index}'s controller is gone ({why})")
-        if index not in self._rejoining:  # a rejoin under way replaces the socket itself
-            self._spawn(self.cells[index].disconnect())
-        level = logging.WARNING if self.cells[index].accepting else logging.INFO  # not: it was stopping
-        log.log(level, "cell %d is gone (%s): its models go to the other cells; %d call(s) it held are tried "
-                "elsewhere", index, why, failed)  # fmt: skip
+            self._carry(self.membership.tick())
 
     async def close(self) -> None:
         await self._subscriber.close()  # first: no signal starts a rejoin while the rest closes
@@ -198,68 +195,51 @@ class CellsPort:
 
     # --- the signal and the placement --------------------------------------------------------------
     def _signal(self, signal: CellSignal) -> None:
-        index = signal.cell
-        if not 0 <= index < len(self.cells) or index in self._departed:
+        if not 0 <= signal.cell < len(self.cells) or self.membership.phase(signal.cell) is Phase.DEPARTED:
             return
-        known = self._incarnation.get(index)
-        self._incarnation[index] = signal.incarnation
-        if known is not None and known != signal.incarnation:
-            self.dead(index, "it was restarted")  # whatever this frontend missed of its exit
+        effects = self.membership.signal(signal.cell, signal.incarnation)
         self.router.publish(signal)
-        self._seen[index] = time.monotonic_ns()
-        if index in self._silent:
-            self._silent.discard(index)
-            log.info("cell %d signals again", index)
-        if index in self._dead and index not in self._rejoining:  # a new run: it knows this frontend no more
-            self._rejoining.add(index)
-            self._spawn(self._rejoin(index))
+        self._carry(effects)
 
     async def _rejoin(self, index: int) -> None:
         try:
             await self.cells[index].rejoin()
         except (TimeoutError, ServiceError) as error:
-            log.warning("cell %d did not take this frontend back: %r", index, error)
+            self._carry(self.membership.rejoined(index, False, repr(error)))
         else:
-            if index in self._departed:  # it left while this ran: it stays gone
-                await self.cells[index].disconnect()
-                return
-            self._dead.discard(index)
-            log.info("cell %d is back, with %d device(s)", index, self.cells[index].device_count)
-        finally:
-            self._rejoining.discard(index)
+            self._carry(self.membership.rejoined(index, True))
+            log.info("cell %d has %d device(s)", index, self.cells[index].device_count)
 
     # --- a cell that returns: in line with the others before it serves (``cells_settle.py``) ------------
-    def _begin_settling(self, index: int) -> None:
-        if self._settles and index not in self._settling and index not in self._departed:
-            self._settling.add(index)
-            self._spawn(self._settle(index))
+    def _settling(self, index: int) -> bool:
+        return self.membership.members[index].settling
 
     def _settled_models(self, index: int) -> list[Models]:
         """What the settled cells other than ``index`` serve (up, joined, not settling themselves)."""
         return [cell.models for i, cell in enumerate(self.cells)
-                if i != index and cell.joined and i not in self._dead and i not in self._settling]  # fmt: skip
+                if i != index and self.membership.taken_in(i) and not self._settling(i)]  # fmt: skip
 
     def _serves(self, index: int, model: str) -> bool:
         """Cell ``index`` is up and serves ``model`` (a settling cell: as its settled peers do)."""
         cell = self.cells[index]
-        if index in self._dead or model not in cell.models:
+        if not self.membership.taken_in(index) or model not in cell.models:
             return False
         if not self._settles:
             return cell.in_line
-        return index not in self._settling or agrees(model, cell.models, self._settled_models(index))
+        return not self._settling(index) or agrees(model, cell.models, self._settled_models(index))
 
     async def _settle(self, index: int, period_s: float = 0.1) -> None:
         """Until cell ``index`` (up, with devices: its workers' models known) serves what its settled peers
         serve; the server's port makes each change it needs once per run of the cell."""
         tried: set[tuple[int, Change]] = set()
-        while index in self._settling:
+        while self._settling(index):
             cell = self.cells[index]
-            if index not in self._dead and cell.joined and cell.device_count > 0:
+            if self.membership.taken_in(index) and cell.device_count > 0:
                 peers = self._settled_models(index)
                 changes = differences(cell.models, peers) if peers else []
                 if not changes and await self._mark_in_line(index):
                     return
-                run = self._incarnation.get(index, 0)
+                run = self.membership.members[index].incarnation or 0
                 for change in [c for c in changes if (run, c) not in tried]:
                     tried.add((run, change))
                     await self._catch_up(index, change)
@@ -270,7 +250,7 @@ class CellsPort:
             await self.cells[index].mark_in_line()  # the frontend processes route to it from now on
         except ServiceError:
             return False  # gone again: its next run is brought in line
-        self._settling.discard(index)
+        self.membership.settled(index)
         log.info("cell %d serves what the other cells serve: all its models take requests", index)
         return True
 
@@ -289,80 +269,52 @@ class CellsPort:
                 log.info("cell %d: the %s of %s made while it was down is done there too", index, what, model)
 
     def live_cells(self) -> list[int]:
-        """Cells neither dead nor silent (their signal came within ``STALE_S``)."""
-        now = time.monotonic_ns()
-        live = []
-        for index in range(len(self.cells)):
-            if index in self._dead:
-                continue
-            if now - self._seen.get(index, 0) <= STALE_S * 1e9:
-                live.append(index)
-            elif index in self._seen and index not in self._silent:
-                self._silent.add(index)
-                log.warning("cell %d sent no load signal for %g s: no new request goes to it", index, STALE_S)
-        return live
+        """Cells taken in whose signal came within the last second."""
+        return [index for index in range(len(self.cells)) if self.membership.is_live(index)]
 
     def _reachable(self) -> list[RemoteController]:
         """The cells a call can reach (joined, not dead): the others would only make it wait out its bound."""
-        return [self.cells[index] for index in self._reachable_indices()]
-
-    def _reachable_indices(self) -> list[int]:
-        return [index for index, cell in enumerate(self.cells) if index not in self._dead and cell.joined]
+        return [self.cells[index] for index in self.membership.reachable()]
 
     async def _plan_every(self) -> None:
-        interval = REPLAN_S[0]
         while True:
-            await asyncio.sleep(interval)
-            self._replan(interval)
-            interval = min(2 * interval, REPLAN_S[1])
+            await asyncio.sleep(max(self.planner.next_replan_ns - self._clock.now_ns(), 0) / NS_PER_S)
+            self._plan_tick()
 
-    def _replan(self, seconds: float) -> None:
-        for name in set(self._rates) | set(self._arrivals):
-            measured = self._arrivals.get(name, 0) / seconds
-            self._rates[name] = measured if name not in self._rates else (self._rates[name] + measured) / 2
-        self._arrivals.clear()
-        models = self.models
-        if not models:
-            return
-        capacities = [
-            CellCapacity(i, max(1, cell.device_count), max(1, cell.device_count) * DEFAULT_POOL_BYTES)
-            for i, cell in enumerate(self.cells)
-            if i not in self._departed
-        ]
-        if not capacities:
-            return
-        demands = [demand_of(m.profile.renamed(name), self._rates.get(name, 0.0)) for name, m in models.items()]
-        placement = plan(capacities, demands, self.placement, self._placement_config)
-        now = time.monotonic()
-        for name, cells in placement.items():
-            old = self.placement.get(name, ())
-            gained = [c for c in cells if c not in old]
-            if old and gained:  # a move or a new replica: loaded there first, served by both meanwhile
-                self._handover[name] = (now + HANDOVER_S, tuple(sorted({*old, *cells})))
-                for cell in gained:
-                    self._spawn(self._warm(cell, name))
-        self.placement = placement
-        for name in [n for n, (until, _) in self._handover.items() if until <= now]:
-            del self._handover[name]
+    def _plan_tick(self) -> Replan | None:
+        """A re-plan over the cells' last reported devices and pools; the cells a model gains warm it."""
+        for index in self.membership.present():
+            cell = self.cells[index]
+            self.membership.report(index, cell.device_count, cell.pool_bytes)
+        profiles = {name: served.profile for name, served in self.models.items()}
+        replan = self.planner.replan(self._clock.now_ns(), self.membership.capacities(), profiles)
+        for index, model in replan.warms if replan is not None else ():
+            self._spawn(self._warm(index, model))
+        return replan
 
-    async def _warm(self, cell: int, model: str) -> None:
+    async def _warm(self, cell: int, model: str) -> bool:
         try:
-            await self.cells[cell].warm(model)
+            return await self.cells[cell].warm(model)
         except ServiceError as error:  # the cell will load it on its first request instead
             log.info("cell %d could not warm %s: %s", cell, model, error)
+            return False
 
-    def _cells_for(self, model: str) -> list[int]:
-        """The model's cells that are live and serve it (while it moves, its old cells too; a restarted
-        cell serves nothing until its workers are back); else any reachable cell that serves it (a
-        frontend that has heard no signal yet); else every cell still there."""
-        cells = self.cells
-        serving = [c for c in range(len(cells)) if cells[c].device_count > 0 and self._serves(c, model)]
-        live = set(self.live_cells())
-        able = [c for c in serving if c in live]
-        handover = self._handover.get(model)
-        own = handover[1] if handover is not None and handover[0] > time.monotonic() else self.placement.get(model, ())
-        placed = [c for c in own if c in able]
-        return placed or able or serving or [c for c in range(len(cells)) if c not in self._departed]
+    def _route(self, model: str, count: int, now_ns: int, tried: int | None = None, deadline_ns: int = 0) -> int:
+        """The cell for a call of ``count`` samples (a second try: another than ``tried``): among the
+        cells live and serving it, the planned ones; else those serving it; else every cell still there."""
+        serving = [c for c in self.membership.present() if self.cells[c].device_count > 0 and self._serves(c, model)]
+        able = [c for c in serving if self.membership.is_live(c)]
+        fallback = serving or self.membership.present()
+        served = next((s for c in self.membership.present() if (s := self.cells[c].models.get(model)) is not None),
+                      None)  # fmt: skip
+        costs = routing_costs(served.profile) if served is not None else Costs(0, 0, 0)
+        if tried is None:
+            chosen = self.planner.route(model, now_ns, able, fallback, costs, count)
+        else:
+            chosen = self.planner.retry(model, tried, now_ns, deadline_ns, able, fallback, costs, meet_deadline=False)
+        if chosen is None:
+            raise ServiceError("unavailable", "no cell is up")
+        return chosen
 
     # --- ControllerPort ---------------------------------------------------------------------------
     @property
@@ -377,17 +329,17 @@ class CellsPort:
 
     @property
     def device_count(self) -> int:
-        return sum(cell.device_count for index, cell in enumerate(self.cells) if index not in self._dead)
+        return sum(self.cells[index].device_count for index in self.membership.reachable())
 
     @property
     def accepting(self) -> bool:
-        return any(cell.accepting for cell in self._present())
+        return any(self.cells[index].accepting for index in self.membership.present())
 
     @property
     def load_errors(self) -> Mapping[str, str]:
         merged: dict[str, str] = {}
-        for cell in self._present():
-            merged.update(cell.load_errors)
+        for index in self.membership.present():
+            merged.update(self.cells[index].load_errors)
         return merged
 
     @property
@@ -399,32 +351,32 @@ class CellsPort:
         await asyncio.gather(*(cell.refresh() for cell in self._reachable()), return_exceptions=True)
         return True
 
-    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
-        candidates = self._cells_for(model)
-        if not candidates:
-            raise ServiceError("unavailable", "no cell is up")
-        self._arrivals[model] += len(samples)
-        served = next((s for cell in self._present() if (s := cell.models.get(model)) is not None), None)
-        costs = routing_costs(served.profile) if served is not None else Costs(0, 0, 0)
-        now = time.monotonic_ns()
-        deadline = now + (slo_ns if slo_ns is not None else self.default_slo_ns)
-        chosen = self.router.pick(model, candidates, now, costs)
+    async def warm(self, model: str) -> bool:
+        """Load ``model`` on its planned cells (every reachable one before a plan) before its requests come."""
+        cells = self.planner.placement.get(model) or self.membership.reachable()
+        return any(await asyncio.gather(*(self._warm(index, model) for index in cells)))
+
+    async def infer(
+        self, model: str, samples: Sequence[Sample], slo_ns: int | None = None, waited_ns: int = 0
+    ) -> list[Answer]:
+        now = self._clock.now_ns()
+        chosen = self._route(model, len(samples), now)
+        deadline = now - waited_ns + (slo_ns if slo_ns is not None else self.default_slo_ns)
         try:
-            return await self.cells[chosen].infer(model, samples, slo_ns)
+            return await self.cells[chosen].infer(model, samples, slo_ns, waited_ns + self._clock.now_ns() - now)
         except ServiceError as error:
-            others = [c for c in self._cells_for(model) if c != chosen]
-            if error.never_ran and chosen not in self._dead and chosen not in self._rejoining:
-                # a live cell that no longer knows this frontend (its socket reconnected under a new
-                # identity): join it again, as after a restart
-                self._rejoining.add(chosen)
-                self._spawn(self._rejoin(chosen))
-            if not error.never_ran or not others:
+            if not error.never_ran:
                 raise
-            left = deadline - time.monotonic_ns()
-            if left <= 0:
+            # a live cell that no longer knows this frontend (its socket reconnected under a new identity):
+            # joined again, as after a restart
+            self._carry(self.membership.never_ran(chosen))
+            if deadline <= self._clock.now_ns():
                 raise
-            # its cell died with it, or a new run of the cell refused it: it never ran there
-            return await self.cells[others[0]].infer(model, samples, left)
+            try:  # its cell died with it, or a new run of the cell refused it: it never ran there
+                other = self._route(model, len(samples), self._clock.now_ns(), chosen, deadline)
+            except ServiceError:
+                raise error from None
+            return await self.cells[other].infer(model, samples, slo_ns, waited_ns + self._clock.now_ns() - now)
 
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
         await self._everywhere(lambda cell: cell.load_model(model, timeout_s), "load", model)
@@ -440,16 +392,16 @@ class CellsPort:
         failed keeps what it had, as one controller does). A cell that is down (or dies during the call)
         gets the change when it returns, before it serves again (``_settle``); with no cell up, 503."""
         async with self._changing.setdefault(model, asyncio.Lock()):
-            reachable = self._reachable_indices()
+            reachable = self.membership.reachable()
             if not reachable:
                 raise ServiceError("unavailable", f"no cell is up to {what} {model!r} (they are restarting): "
                                    "try again in a few seconds")  # fmt: skip
-            if len(reachable) < len(self._present()):
+            if len(reachable) < len(self.membership.present()):
                 log.warning("%s of %s reaches %d of %d cells; the others get it when they return", what, model,
-                            len(reachable), len(self._present()))  # fmt: skip
+                            len(reachable), len(self.membership.present()))  # fmt: skip
             results = await asyncio.gather(*(self._on_cell(i, call) for i in reachable), return_exceptions=True)
         missed = [i for i, r in zip(reachable, results, strict=True) if isinstance(r, ServiceError) and r.never_ran
-                  and i in self._dead]  # fmt: skip
+                  and self.membership.down(i)]  # fmt: skip
         if len(missed) == len(reachable):
             raise ServiceError("unavailable", f"every cell went down during the {what} of {model!r}: try again")
         if missed:
@@ -464,11 +416,10 @@ class CellsPort:
         try:
             await call(self.cells[index])
         except ServiceError as error:
-            if not error.never_ran or index in self._dead or index in self._rejoining:
+            if not error.never_ran or not self.membership.never_ran(index):  # gone, or a rejoin under way
                 raise
-            self._rejoining.add(index)
             await self._rejoin(index)
-            if index in self._dead or index in self._departed:
+            if self.membership.down(index):
                 raise
             await call(self.cells[index])
 
@@ -482,7 +433,7 @@ class CellsPort:
         return merge_expositions([t for t in texts if t is not None])
 
     async def _cell_exposition(self, index: int, cell: RemoteController) -> tuple[int, bytes] | None:
-        if index in self._dead:
+        if not self.membership.taken_in(index):
             return None
         try:
             return index, await cell.exposition()
@@ -490,7 +441,7 @@ class CellsPort:
             return None  # a cell that is gone has no metrics to give
 
     async def timeline_view(self, seconds: float) -> dict[str, Any]:
-        indices = [i for i in range(len(self.cells)) if i not in self._dead]
+        indices = self.membership.reachable()
         views = await asyncio.gather(*(self.cells[i].timeline_view(seconds) for i in indices), return_exceptions=True)
         return merged_timeline(seconds, list(zip(indices, views, strict=True)))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from mainspring.frontend.extensions import check_priority, classify, refuse_sequ
 from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.port import ControllerPort, ServedModel, ServiceError
 from mainspring.frontend.shared_memory import SharedMemoryRegions
+from mainspring.frontend.shedding import SHED, ArrivalGate, target_lag_ns
 from mainspring.models.errors import ModelLoadError
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol import Outcome
@@ -79,6 +81,7 @@ class DataPlane:
         limits: RequestLimits | None = None,
         access: Access | None = None,
         shared_memory: SharedMemoryRegions | None = None,
+        shed: bool = True,
     ) -> None:
         self.service = service
         self.repo = repo
@@ -87,6 +90,8 @@ class DataPlane:
         self.access = access or Access()
         self.shared_memory = shared_memory or SharedMemoryRegions()  # one per server: ``serve`` shares its folder
         self.dropped = DroppedClients(service.count_dropped_client)  # clients gone mid-request or cut off
+        # Sheds at arrival while the loop runs late (``shed``: else it stays open: its share is never cut).
+        self.gate = ArrivalGate(target_lag_ns(service.default_slo_ns), watching=shed)
 
     # --- health and metadata -----------------------------------------------------------------
     def live(self) -> bool:
@@ -239,6 +244,13 @@ class DataPlane:
             raise InferenceError(_SERVICE_STATUS[error.kind], str(error)) from None
 
     # --- inference -----------------------------------------------------------------------------
+    def admit_call(self, transport: str) -> None:
+        """429 at once for a call the arrival gate sheds (before its body is read: a refusal must cost far
+        less than a call served)."""
+        if not self.gate.admit():
+            self.dropped.record(transport, SHED)
+            raise InferenceError(429, self.gate.reason(), Outcome.OVERLOADED)
+
     async def infer(
         self,
         name: str,
@@ -246,9 +258,12 @@ class DataPlane:
         inputs: Sequence[Tensor],
         requested: Mapping[str, int] | None,
         parameters: Mapping[str, Any],
+        arrival_ns: int | None = None,
     ) -> tuple[ServedModel, list[Tensor]]:
         """Run ``inputs`` on model ``name``; ``requested``: the outputs to return, each with the number of
-        classes to return instead of its values (0: the values; ``classification``), or None for all."""
+        classes to return instead of its values (0: the values; ``classification``), or None for all.
+        ``arrival_ns`` (``time.monotonic_ns``): when the call's first byte was read; the time since counts
+        against its deadline."""
         try:
             served = self.model(name, version)
         except InferenceError:
@@ -265,9 +280,12 @@ class DataPlane:
         by_name = {t.name: t.data for t in inputs}
         samples = [{name: array[i : i + 1] for name, array in by_name.items()} for i in range(batch)]
         try:
-            answers = await self.service.infer(name, samples, slo_ns)
+            waited = 0 if arrival_ns is None else max(0, time.monotonic_ns() - arrival_ns)
+            answers = await self.service.infer(name, samples, slo_ns, waited)
         except ServiceError as error:
             outcome = Outcome.OVERLOADED if error.kind == "overloaded" else None
+            if outcome is not None:
+                self.gate.overloaded_elsewhere()
             raise InferenceError(_SERVICE_STATUS[error.kind], str(error), outcome) from None
         for response, _ in answers:
             if response.outcome is not Outcome.SERVED:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -190,7 +191,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         return pb.CudaSharedMemoryUnregisterResponse()  # nothing to forget: none is ever registered
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return await _guard(context, lambda: self._infer(request))
+        arrival = time.monotonic_ns()  # the message is in: from here the call's time counts
+
+        async def work() -> Any:
+            self.plane.admit_call("grpc")
+            return await self._infer(request, arrival)
+
+        return await _guard(context, work)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
         """Triton's bidirectional stream (``tritonclient``'s ``async_stream_infer``): the requests run
@@ -200,9 +207,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         tasks: set[asyncio.Task[None]] = set()
         outstanding, read_all = 0, False
 
-        async def answer(request: Any) -> None:
+        async def answer(request: Any, arrival_ns: int) -> None:
             try:
-                await answers.put(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
+                self.plane.admit_call("grpc")
+                reply = await self._infer(request, arrival_ns)
+                await answers.put(pb.ModelStreamInferResponse(infer_response=reply))
                 return
             except InferenceError as error:
                 message = error.message
@@ -217,7 +226,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             try:
                 async for request in requests:
                     outstanding += 1
-                    task = asyncio.create_task(answer(request))
+                    task = asyncio.create_task(answer(request, time.monotonic_ns()))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
             finally:
@@ -237,7 +246,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             for task in list(tasks):
                 task.cancel()
 
-    async def _infer(self, request: Any) -> Any:
+    async def _infer(self, request: Any, arrival_ns: int | None = None) -> Any:
         """One ``ModelInferRequest`` through the data plane; ``InferenceError`` for a refusal."""
         limits = self.plane.limits
         size = request.ByteSize()
@@ -258,7 +267,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 regions.check(where, f"output {output.name[:64]!r}")  # refused before the model runs
                 placed[output.name] = where
         served, outputs = await self.plane.infer(
-            request.model_name, request.model_version or None, inputs, requested or None, parameters
+            request.model_name, request.model_version or None, inputs, requested or None, parameters, arrival_ns
         )
         reply = pb.ModelInferResponse(model_name=request.model_name, model_version=str(served.version), id=request.id)
         for tensor in outputs:
@@ -379,6 +388,7 @@ async def start_grpc(plane: DataPlane, address: str, share_port: bool = False) -
     """Serve on ``address`` (``host:port``); returns the started server. ``share_port``: with other
     frontend processes (SO_REUSEPORT, which gRPC sets unless told not to: a second server on a port in
     use would otherwise start and take half its calls)."""
+    plane.gate.watch()
     interceptors = [_Authorize(plane.access)] if plane.access.enabled else []
     server = grpc.aio.server(interceptors=interceptors, options=channel_options(plane.limits, share_port))
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 HEADER_LENGTH = "Inference-Header-Content-Length"
 PLANE = web.AppKey("plane", DataPlane)
 GUARD = web.AppKey("guard", ConnectionGuard)
+ARRIVAL = web.RequestKey("arrival_ns", int)  # when the request's headers were read (``time.monotonic_ns``)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -38,6 +40,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @web.middleware
 async def _watch(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Tell the connection's guard that a request is under way (its headers are in) and when it ends."""
+    request[ARRIVAL] = time.monotonic_ns()  # its headers are in: from here the call's time counts
     connection = request.app[GUARD].connection(request.transport)
     if connection is not None:
         connection.request_started()
@@ -208,7 +211,8 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def infer(request: web.Request) -> web.Response:
-    body = await _body(request)
+    body = await _body(request)  # read even when shed: a connection whose body is left unread cannot be kept
+    _plane(request).admit_call("http")
     header, binary = _split_body(request, body)
     limits = _plane(request).limits
     document = _json_object(header, limits)
@@ -221,7 +225,8 @@ async def infer(request: web.Request) -> web.Response:
     binary_all = _flag(parameters, "binary_data_output", "parameters")
     model = request.match_info["model"]
     classes = {name: wanted.classes for name, wanted in requested.items()}
-    served, outputs = await _plane(request).infer(model, _version(request), inputs, classes or None, parameters)
+    plane = _plane(request)
+    served, outputs = await plane.infer(model, _version(request), inputs, classes or None, parameters, request[ARRIVAL])
     reply: dict[str, Any] = {"model_name": model, "model_version": str(served.version), "outputs": []}
     if "id" in document:
         reply["id"] = document["id"]
@@ -407,6 +412,7 @@ def make_app(plane: DataPlane) -> web.Application:
 async def start_http(plane: DataPlane, host: str, port: int, reuse_port: bool | None = None) -> web.AppRunner:
     """Serve ``plane`` over HTTP on ``host:port`` with its connection limits; returns the started runner."""
     app = make_app(plane)
+    plane.gate.watch()
     ensure_descriptors(plane.limits.max_connections)
     # shutdown_timeout: requests were answered by the drain; idle connections must not hold a stop for 60 s.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, keepalive_timeout=plane.limits.idle_timeout_s)

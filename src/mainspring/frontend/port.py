@@ -61,7 +61,17 @@ class ControllerPort(Protocol):
         """Bring the view of models and devices up to date; False when it cannot be staler than it is."""
         ...
 
-    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]: ...
+    async def infer(
+        self, model: str, samples: Sequence[Sample], slo_ns: int | None = None, waited_ns: int = 0
+    ) -> list[Answer]:
+        """One call of ``samples`` (a request each, one deadline); ``waited_ns``: how long the call already
+        waited since its first byte was read (it counts against the deadline)."""
+        ...
+
+    async def warm(self, model: str) -> bool:
+        """Load ``model`` before its requests come (a cell that takes it over); False where nothing was
+        loaded (held already, or a policy that does not warm)."""
+        ...
 
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None: ...
 

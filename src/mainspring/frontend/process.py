@@ -40,6 +40,7 @@ class FrontendSpec(msgspec.Struct, frozen=True):
     signals: list[str] = []  # and each cell's load signal
     cells_file: str = ""  # cells on Ray: the cells added since, listed by the server (CellsPort follows it)
     shared_memory: str = ""  # the folder of the server's shared-memory registrations (``SharedMemoryRegions``)
+    shed: bool = True  # shed at arrival while this process's loop runs late (``shed_at_arrival``)
 
 
 TOKEN_ENV = "MAINSPRING_AUTH_TOKEN"
@@ -65,7 +66,8 @@ async def run_frontend(spec: FrontendSpec) -> None:
     repo = ModelRepository(spec.repo) if spec.repo else None
     access = Access(os.environ.get(TOKEN_ENV, ""), spec.auth_inference)
     regions = SharedMemoryRegions(spec.shared_memory or None)
-    plane = DataPlane(controller, repo, limits=RequestLimits(**spec.limits), access=access, shared_memory=regions)
+    plane = DataPlane(controller, repo, limits=RequestLimits(**spec.limits), access=access, shared_memory=regions,
+                      shed=spec.shed)  # fmt: skip
     runner = await start_http(plane, spec.host, spec.http_port, reuse_port=True)
     grpc_server = await start_grpc(plane, f"{spec.host}:{spec.grpc_port}", share_port=True)
     log.info("frontend %s (pid %d) serving HTTP on %s:%d and gRPC on %s:%d", spec.name, os.getpid(),
@@ -81,6 +83,7 @@ async def run_frontend(spec: FrontendSpec) -> None:
     await runner.cleanup()
     plane.dropped.report()  # what the last interval saw, not left unlogged
     regions.close()
+    plane.gate.stop()
     await controller.close()
 
 

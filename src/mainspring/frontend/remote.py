@@ -60,6 +60,7 @@ class RemoteController:
         self._secret = secret  # the worker secret, where the channel is a TCP port (cells on Ray)
         self.models: dict[str, ServedModel] = {}
         self.device_count = 0
+        self.pool_bytes = 0  # its devices' weight pools together (0: a controller that does not say)
         self.accepting = False
         self.load_errors: dict[str, str] = {}
         self.default_slo_ns = 0
@@ -167,6 +168,7 @@ class RemoteController:
             for info in state.models
         }
         self.device_count = state.device_count
+        self.pool_bytes = state.pool_bytes
         self.accepting = state.accepting
         self.load_errors = dict(state.load_errors)
         self.default_slo_ns = state.default_slo_ns
@@ -197,11 +199,14 @@ class RemoteController:
         return reply, tensors
 
     # --- ControllerPort ---------------------------------------------------------------------------
-    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int | None = None) -> list[Answer]:
+    async def infer(
+        self, model: str, samples: Sequence[Sample], slo_ns: int | None = None, waited_ns: int = 0
+    ) -> list[Answer]:
         call = next(self._calls)
         # Every request is answered by its deadline at the latest; past that and a grace, the controller is gone.
         timeout_s = (slo_ns if slo_ns is not None else self.default_slo_ns) / NS_PER_S + ANSWER_GRACE_S
-        reply, outputs = await self._call(call, Submit(call, model, slo_ns, metas_of(samples)), timeout_s, samples)
+        submit = Submit(call, model, slo_ns, metas_of(samples), waited_ns)
+        reply, outputs = await self._call(call, submit, timeout_s, samples)
         assert isinstance(reply, Answers) and outputs is not None
         return [
             (Response(0, outcome, reason), output)

@@ -30,6 +30,7 @@ class Submit(msgspec.Struct, frozen=True, tag=True):
     model: str
     slo_ns: int | None
     inputs: list[list[TensorMeta]]
+    waited_ns: int = 0  # since the call's first byte was read: counts against its deadline
 
 
 class Ask(msgspec.Struct, frozen=True, tag=True):
@@ -48,6 +49,7 @@ CAUSES = {
     "header_timeout": "sent no complete headers in time (header_timeout_s)",
     "body_timeout": "sent no complete body in time (body_timeout_s)",
     "connection_limit": "were refused a connection (max_connections)",
+    "shed": "were refused at arrival: the server's own CPU was behind (counted as overloaded rejections)",
 }
 
 
@@ -74,6 +76,7 @@ class State(msgspec.Struct, frozen=True, tag=True):
     default_slo_ns: int
     seq: int = 0
     in_line: bool = True  # a cell: False until the server says it serves what the other cells serve
+    pool_bytes: int = 0  # its devices' weight pools together (0: an older controller: the default per device)
 
 
 class Answers(msgspec.Struct, frozen=True, tag=True):

@@ -1,0 +1,127 @@
+"""Shedding at arrival: a frontend whose event loop runs late refuses a share of new calls at once (429
+``overloaded``, before they are parsed), takes all again once it catches up, and a call's time before the
+controller saw it counts against its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mainspring.controller.service import ControllerService
+from mainspring.frontend.dataplane import DataPlane, InferenceError
+from mainspring.frontend.http import start_http
+from mainspring.frontend.shedding import FLOOR, ArrivalGate, target_lag_ns
+from mainspring.protocol import Outcome
+from mainspring.time import NS_PER_MS
+from tests.controller.test_service import emulated, tensor, with_service
+from tests.serving.processes import free_port, http_call
+
+TARGET = 10 * NS_PER_MS
+
+
+def admitted(gate: ArrivalGate, calls: int) -> int:
+    return sum(gate.admit() for _ in range(calls))
+
+
+def test_a_gate_on_time_takes_every_call() -> None:
+    gate = ArrivalGate(TARGET)
+    for _ in range(50):
+        gate.tick(TARGET)  # at the target is on time
+    assert gate.share == 1.0 and admitted(gate, 1000) == 1000
+
+
+def test_late_ticks_cut_the_share_taken_and_on_time_ticks_restore_it() -> None:
+    gate = ArrivalGate(TARGET)
+    gate.tick(TARGET + 1)
+    assert gate.share == pytest.approx(0.7)
+    assert admitted(gate, 1000) == pytest.approx(700, abs=1)  # spread evenly: no draw, the same every run
+    for _ in range(100):
+        gate.tick(5 * TARGET)
+    assert gate.share == FLOOR and admitted(gate, 1000) == pytest.approx(1000 * FLOOR, abs=1)  # never none
+    ticks = 0
+    while gate.share < 1.0:
+        gate.tick(0)
+        ticks += 1
+    assert ticks <= 20  # 100 ms of a loop on time: all calls again
+    gate.overloaded_elsewhere()  # the controller refused one as overloaded: shed here as for a late tick
+    assert gate.share == pytest.approx(0.7)
+
+
+def test_a_gate_turned_off_takes_every_call_whatever_it_hears() -> None:
+    gate = ArrivalGate(TARGET, watching=False)
+    gate.overloaded_elsewhere()
+    assert admitted(gate, 100) == 100
+
+
+def test_the_target_is_a_twentieth_of_the_slo_and_at_least_a_millisecond() -> None:
+    assert target_lag_ns(100 * NS_PER_MS) == 5 * NS_PER_MS
+    assert target_lag_ns(10 * NS_PER_MS) == NS_PER_MS
+
+
+def test_time_a_call_waited_before_the_controller_saw_it_counts_against_its_deadline() -> None:
+    async def test(service: ControllerService, plane: DataPlane, _: object) -> None:
+        one = tensor(np.ones((1, 3), np.float32))
+        with pytest.raises(InferenceError) as late:  # the SLO is 500 ms, all but 0.2 gone; a batch takes 1
+            await plane.infer("a", None, [one], None, {}, arrival_ns=time.monotonic_ns() - 499_800_000)
+        assert late.value.status == 503 and late.value.outcome is Outcome.DEADLINE_AT_ARRIVAL
+        served, _ = await plane.infer("a", None, [one], None, {}, arrival_ns=time.monotonic_ns() - 10 * NS_PER_MS)
+        assert served.config.name == "a"
+
+    with_service(test)
+
+
+def test_a_late_loop_refuses_new_calls_at_once_and_takes_them_again_once_it_catches_up() -> None:
+    # The loop is held up by a callback that blocks for 200 ms every tick (as a CPU that cannot keep up
+    # would hold it): far past the target of a 1 s SLO (50 ms). Calls come from a thread of their own.
+    port = free_port()
+    body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]})
+    url = f"http://127.0.0.1:{port}/v2/models/a/infer"
+    answers: list[tuple[str, int, bytes]] = []
+    phase = {"now": "hogged"}
+
+    def client(stop: threading.Event) -> None:
+        while not stop.is_set():
+            status, reply = http_call(url, body.encode())
+            answers.append((phase["now"], status, reply))
+
+    async def scenario() -> None:
+        service = ControllerService(default_slo_ms=1000)
+        handle = emulated(service)
+        handle.join()
+        plane = DataPlane(service)
+        runner = await start_http(plane, "127.0.0.1", port)
+        stop = threading.Event()
+        thread = threading.Thread(target=client, args=(stop,), daemon=True)
+        try:
+            hog_until = time.monotonic() + 3.0
+            thread.start()
+            while time.monotonic() < hog_until:
+                time.sleep(0.2)  # the loop's CPU spent elsewhere
+                await asyncio.sleep(0)
+            phase["now"] = "caught up"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and [s for p, s, _ in answers[-20:] if p == "caught up"] != [200] * 20:
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await asyncio.to_thread(thread.join, 60)
+            await runner.cleanup()
+            plane.gate.stop()
+            await service.drain(1.0)
+            handle.close("test over")
+
+    asyncio.run(scenario())
+    hogged = [(status, reply) for phase_now, status, reply in answers if phase_now == "hogged"]
+    shed = [json.loads(reply) for status, reply in hogged if status == 429]
+    assert shed, hogged[:5]
+    assert all(s["outcome"] == "overloaded" for s in shed), shed[:3]
+    assert any("event loop runs" in s["error"] for s in shed), shed[:3]  # the gate's, besides max_loop_lag_ms
+    assert all(status in (200, 429) for status, _ in hogged)  # each answered once: served or refused
+    recovered = [status for phase_now, status, _ in answers if phase_now == "caught up"]
+    assert recovered[-20:] == [200] * 20, recovered[-30:]  # every call taken again, twenty in a row
+    assert all(status in (200, 429) for status in recovered)

@@ -99,7 +99,11 @@ class ServeConfig:
     clockwork: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = [
+            f"{f.name}={getattr(self, f.name)} must be a finite number"
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), float) and not math.isfinite(getattr(self, f.name))
+        ]  # a file or the environment may say nan or inf, which every bound below would let through
         for port in ("http_port", "grpc_port", "worker_port"):
             if not 0 <= getattr(self, port) <= 65535:
                 problems.append(f"{port}={getattr(self, port)} is not a port")

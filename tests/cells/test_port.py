@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from mainspring.cells.membership import Phase
 from mainspring.frontend.cells_port import CellsPort, merge_expositions
 from mainspring.frontend.dataplane import DataPlane, InferenceError
 from mainspring.frontend.remote import RemoteController
@@ -109,7 +110,7 @@ def test_a_cell_that_no_longer_knows_the_frontend_is_joined_again(tmp_path: Path
             cell._receiver = asyncio.create_task(cell._receive())
             with pytest.raises(InferenceError, match="restarted since the call was sent"):  # its only cell
                 await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
-            await until(lambda: not cells._rejoining and cell.joined, timeout_s=10)
+            await until(lambda: cells.membership.phase(0) is Phase.LIVE and cell.joined, timeout_s=10)
             _, outputs = await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
             np.testing.assert_array_equal(outputs[0].data, values)
         finally:
@@ -143,7 +144,7 @@ def test_a_model_operation_a_restarted_cell_refuses_is_asked_again_after_joining
             cell._socket.connect(hub.endpoint)
             cell._receiver = asyncio.create_task(cell._receive())
             await cells.load_model("a", timeout_s=10)
-            assert cell.joined and not cells._rejoining
+            assert cell.joined and cells.membership.phase(0) is Phase.LIVE
         finally:
             await cells.close()
             await hub.close()

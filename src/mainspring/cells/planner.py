@@ -128,8 +128,9 @@ class CellsPlanner:
                 continue
             changed.append(name)
             gained = sorted(set(cells) - set(old))
-            begun[name] = Handover(now_ns + self.config.handover_ns, tuple(sorted({*old, *cells})))
-            warms += [(cell, name) for cell in gained]
+            if gained:  # loaded there first, served by its old cells meanwhile (a drop has nothing to warm)
+                begun[name] = Handover(now_ns + self.config.handover_ns, tuple(sorted({*old, *cells})))
+                warms += [(cell, name) for cell in gained]
         self._handovers.update(begun)
         return tuple(changed), begun, tuple(sorted(warms))
 
@@ -145,7 +146,7 @@ class CellsPlanner:
     def _own(self, model: str, now_ns: int) -> tuple[int, ...]:
         """The cells planned for ``model`` now: while it is handed over (before ``until_ns``), old and new."""
         handover = self._handovers.get(model)
-        if handover is not None:  # until the first re-plan at or past its end
+        if handover is not None and now_ns < handover.until_ns:
             return handover.cells
         return self.placement.get(model, ())
 

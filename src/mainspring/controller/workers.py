@@ -64,6 +64,7 @@ class WorkerSet:
 
     def __init__(self) -> None:
         self.links: dict[int, DeviceLink] = {}
+        self.specs: dict[int, DeviceSpec] = {}  # global device id -> its spec (its pool: a cell's capacity)
         self._handles: dict[int, WorkerHandle] = {}
         self._devices_of: dict[int, list[int]] = {}  # id(handle) -> global device ids
         self._global_id: dict[tuple[int, int], int] = {}  # (id(handle), local device) -> global id
@@ -92,7 +93,8 @@ class WorkerSet:
             self.links[global_id] = DeviceLink(handle, spec.device)
             self._global_id[key, spec.device] = global_id
             self._devices_of.setdefault(key, []).append(global_id)
-            yield msgspec.structs.replace(spec, device=global_id)
+            self.specs[global_id] = msgspec.structs.replace(spec, device=global_id)
+            yield self.specs[global_id]
 
     def global_id(self, handle: WorkerHandle, local_device: int) -> int | None:
         """The global id of a worker's device; None once it is lost."""
@@ -105,6 +107,7 @@ class WorkerSet:
         lost = self._devices_of.pop(key, [])
         for global_id in lost:
             del self.links[global_id]
+            del self.specs[global_id]
         self._global_id = {k: v for k, v in self._global_id.items() if v not in lost}
         for op in list(self._ops.values()):
             op.waiting.discard(key)

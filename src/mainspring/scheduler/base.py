@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -54,3 +55,27 @@ class Membership(Protocol):
         """Answer the model's queued and in-flight requests with an error and forget where it is
         resident (the workers drop its weights themselves)."""
         ...
+
+
+@runtime_checkable
+class Warms(Protocol):
+    """A policy that can load a model before its requests come (a cell taking a model over)."""
+
+    def warm(self, model: str) -> bool:
+        """Load ``model`` on a device with room; False when it is held already or unknown."""
+        ...
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What a policy predicts now, per model asked (a cell's load signal, ``cells/signal.py``)."""
+
+    finish_ns: Mapping[str, int]  # the earliest end of a batch of one on a device holding it (absent: not held)
+    cold_start_ns: int  # the earliest a load could start on a live device
+
+
+@runtime_checkable
+class Forecasts(Protocol):
+    """A policy that plans ahead, and can say when work would end (read-only: never changes a decision)."""
+
+    def forecast(self, models: Iterable[str], now_ns: int) -> Forecast: ...

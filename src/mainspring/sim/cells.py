@@ -23,7 +23,7 @@ from mainspring.cells.signal import cell_signal
 from mainspring.controller import Controller
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
-from mainspring.scheduler.base import Scheduler
+from mainspring.scheduler.base import Scheduler, Warms
 from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.scheduler.registry import make_scheduler
 from mainspring.scheduler.timed import TimedScheduler
@@ -284,8 +284,7 @@ def make_cells(
 
 
 def _warm(cell: Cell, model: str) -> None:
-    warm = getattr(cell.policy, "warm", None)
-    if warm is not None and warm(model):
+    if isinstance(cell.policy, Warms) and cell.policy.warm(model):
         cell.controller.pump()
 
 

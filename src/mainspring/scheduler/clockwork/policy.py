@@ -14,7 +14,7 @@ stale, is ``Residency``'s business.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from mainspring.models.profile import ModelProfile
@@ -30,12 +30,13 @@ from mainspring.protocol import (
     Outcome,
     Request,
 )
-from mainspring.scheduler.base import Decisions
+from mainspring.scheduler.base import Decisions, Forecast
 from mainspring.scheduler.clockwork.admission import Admission
 from mainspring.scheduler.clockwork.batching import BatchPlanner, Choice
 from mainspring.scheduler.clockwork.config import ClockworkConfig
 from mainspring.scheduler.clockwork.due import always
 from mainspring.scheduler.clockwork.estimator import STALE_FACTOR, Estimator
+from mainspring.scheduler.clockwork.forecast import lane_forecast
 from mainspring.scheduler.clockwork.guard import TightGuard
 from mainspring.scheduler.clockwork.loads import LoadPlanner
 from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
@@ -220,6 +221,10 @@ class ClockworkScheduler(PolicyBookkeeping):
             else:
                 reason = f"worker of device {device} was lost; the deadline cannot be met"
                 self._answer(request, Outcome.WORKER_LOST, reason)
+
+    def forecast(self, models: Iterable[str], now_ns: int) -> Forecast:
+        """When a batch of one of each model would end here, from the lanes as booked (a read)."""
+        return lane_forecast(self.residency, self.shapes, models, now_ns)
 
     def warm(self, model: str) -> bool:
         """Load ``model`` on a device with room before any request asks for it (a cell that is to take a

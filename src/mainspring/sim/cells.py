@@ -17,7 +17,7 @@ from functools import partial
 
 from mainspring.cells.cost import CLOCKWORK_COST, ControllerCost, CostedScheduler
 from mainspring.cells.placement import Placement, PlacementConfig
-from mainspring.cells.planner import CellsPlanner, PlannerConfig, capacity_of_specs
+from mainspring.cells.planner import CellsPlanner, PlannerConfig, Replan, capacity_of_specs
 from mainspring.cells.routing import Costs, routing_costs
 from mainspring.cells.signal import cell_signal
 from mainspring.controller import Controller
@@ -315,7 +315,7 @@ class Routing:
         self.replans = 0
         self.moves = 0
         self.second_tries_served = 0
-        self.planner.replan(0, self._capacities, by_name)
+        self.first_plan = self.planner.replan(0, self._capacities, by_name)
 
     @property
     def placement(self) -> Placement:
@@ -342,7 +342,7 @@ class Routing:
                                     costs, meet_deadline=True)  # fmt: skip
         return None if chosen is None else self.cells[chosen]
 
-    def replan(self, now_ns: int) -> None:
+    def replan(self, now_ns: int) -> Replan:
         """The planner's re-plan; the models it warms are loaded on their new cells' cores."""
         replan = self.planner.replan(now_ns, self._capacities, self._profiles)
         assert replan is not None  # every profile, every cell
@@ -351,6 +351,7 @@ class Routing:
             cell = self.cells[index]
             cell.core.post(partial(_warm, cell, model))
         self.replans += 1
+        return replan
 
     def publish_from(
         self, cell: Cell, now_ns: Callable[[], int], deliver: Callable[[Callable[[], None]], None]

@@ -12,8 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mainspring.cells.placement import CellCapacity, Placement, demand_of
+from mainspring.cells.placement import Placement, demand_of
 from mainspring.cells.placement import plan as place
+from mainspring.cells.planner import capacity_of_specs
 from mainspring.cli_values import (
     MAX_DEVICES,
     MAX_SCALE_FACTOR,
@@ -179,7 +180,7 @@ def placement(
     --cells`` splits them), and which serve each model (the cells' placement planner, on the rates the
     workload asked for)."""
     groups = split_devices(specs, math.ceil(len(specs) / cell_devices))
-    cells = [CellCapacity(i, len(g), sum(s.pool_bytes for s in g)) for i, g in enumerate(groups)]
+    cells = [capacity_of_specs(i, group) for i, group in enumerate(groups)]
     return place(cells, [demand_of(p, rates.get(p.model, 0.0)) for p in profiles])
 
 

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,12 @@ from mainspring.cells.planner import CellsPlanner, PlannerConfig, Replan
 from mainspring.cells.routing import CellSignal, Costs, routing_costs
 from mainspring.cells.wire import SignalSubscriber
 from mainspring.frontend.cells_metrics import merge_expositions, merged_timeline, summed_statistics
-from mainspring.frontend.cells_settle import Change, Models, agrees, change_call, differences
+from mainspring.frontend.cells_settle import CellCall, Settler
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.frontend.remote import RemoteController
 from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
 from mainspring.time import NS_PER_S, Clock, WallClock, s_to_ns
-
-CellCall = Callable[[RemoteController], Awaitable[None]]  # a model operation, run on one cell (``cells_settle``)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +71,7 @@ class CellsPort:
         self._join_timeout_s = 60.0
         self._subscriber = SignalSubscriber(list(signal_endpoints), self._signal, secret)
         self._changing: dict[str, asyncio.Lock] = {}  # one repository change of a model at a time
+        self._settler = Settler(self.cells, self.membership, self._changing, self._on_cell)
         self._tasks: set[asyncio.Task[object]] = set()
 
     async def start(self, timeout_s: float = 60.0) -> None:
@@ -171,7 +170,7 @@ class CellsPort:
             elif effect.do is Do.REJOIN:
                 self._spawn(self._rejoin(index))
             elif effect.do is Do.SETTLE:
-                self._spawn(self._settle(index))
+                self._spawn(self._settler.settle(index))
             else:
                 log.log(logging.WARNING if effect.do is Do.WARN else logging.INFO, "%s", effect.text)
 
@@ -211,14 +210,6 @@ class CellsPort:
             log.info("cell %d has %d device(s)", index, self.cells[index].device_count)
 
     # --- a cell that returns: in line with the others before it serves (``cells_settle.py``) ------------
-    def _settling(self, index: int) -> bool:
-        return self.membership.members[index].settling
-
-    def _settled_models(self, index: int) -> list[Models]:
-        """What the settled cells other than ``index`` serve (up, joined, not settling themselves)."""
-        return [cell.models for i, cell in enumerate(self.cells)
-                if i != index and self.membership.taken_in(i) and not self._settling(i)]  # fmt: skip
-
     def _serves(self, index: int, model: str) -> bool:
         """Cell ``index`` is up and serves ``model`` (a settling cell: as its settled peers do)."""
         cell = self.cells[index]
@@ -226,47 +217,7 @@ class CellsPort:
             return False
         if not self._settles:
             return cell.in_line
-        return not self._settling(index) or agrees(model, cell.models, self._settled_models(index))
-
-    async def _settle(self, index: int, period_s: float = 0.1) -> None:
-        """Until cell ``index`` (up, with devices: its workers' models known) serves what its settled peers
-        serve; the server's port makes each change it needs once per run of the cell."""
-        tried: set[tuple[int, Change]] = set()
-        while self._settling(index):
-            cell = self.cells[index]
-            if self.membership.taken_in(index) and cell.device_count > 0:
-                peers = self._settled_models(index)
-                changes = differences(cell.models, peers) if peers else []
-                if not changes and await self._mark_in_line(index):
-                    return
-                run = self.membership.members[index].incarnation or 0
-                for change in [c for c in changes if (run, c) not in tried]:
-                    tried.add((run, change))
-                    await self._catch_up(index, change)
-            await asyncio.sleep(period_s)
-
-    async def _mark_in_line(self, index: int) -> bool:
-        try:
-            await self.cells[index].mark_in_line()  # the frontend processes route to it from now on
-        except ServiceError:
-            return False  # gone again: its next run is brought in line
-        self.membership.settled(index)
-        log.info("cell %d serves what the other cells serve: all its models take requests", index)
-        return True
-
-    async def _catch_up(self, index: int, change: Change) -> None:
-        """Make on cell ``index`` a change the other cells had while it was down (if still wanted)."""
-        what, model = change
-        async with self._changing.setdefault(model, asyncio.Lock()):
-            if change not in differences(self.cells[index].models, self._settled_models(index)):
-                return  # a change through the API reached it meanwhile
-            try:
-                await self._on_cell(index, change_call(change))
-            except ServiceError as error:
-                log.warning("cell %d: the %s of %s it missed while down failed (it serves %s only as the "
-                            "others do): %s", index, what, model, model, error)  # fmt: skip
-            else:
-                log.info("cell %d: the %s of %s made while it was down is done there too", index, what, model)
+        return self._settler.agrees(index, model)
 
     def live_cells(self) -> list[int]:
         """Cells taken in whose signal came within the last second."""
@@ -390,7 +341,7 @@ class CellsPort:
     async def _everywhere(self, call: CellCall, what: str, model: str) -> None:
         """Every reachable cell's call runs to its end; the first failure is raised after (a cell that
         failed keeps what it had, as one controller does). A cell that is down (or dies during the call)
-        gets the change when it returns, before it serves again (``_settle``); with no cell up, 503."""
+        gets the change when it returns, before it serves again (``Settler``); with no cell up, 503."""
         async with self._changing.setdefault(model, asyncio.Lock()):
             reachable = self.membership.reachable()
             if not reachable:

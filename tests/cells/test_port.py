@@ -150,3 +150,31 @@ def test_a_model_operation_a_restarted_cell_refuses_is_asked_again_after_joining
             await hub.close()
 
     with_service(test)
+
+
+def test_the_port_warms_a_model_on_its_cells_and_plans_over_their_real_pools(tmp_path: Path) -> None:
+    """``ControllerPort.warm`` through the cells: the cell loads a model it does not hold (an unknown
+    model warms nothing, and fails nothing); each cell reports its devices' pools, which the plan uses."""
+    from mainspring.controller.frontends import FrontendHub
+    from mainspring.controller.service import ControllerService
+    from mainspring.protocol import DeviceSpec
+    from tests.controller.test_service import with_service
+
+    async def test(service: ControllerService, _: DataPlane, __: object) -> None:
+        hub = FrontendHub(service, f"ipc://{tmp_path}/cell-0")
+        await hub.start()
+        cells = CellsPort("frontend-1", [hub.endpoint], [f"ipc://{tmp_path}/cell-0-signal"])
+        await cells.start(timeout_s=5)
+        try:
+            pool = 2 * DeviceSpec(0, "v100").total_pages * DeviceSpec(0, "v100").page_bytes
+            assert cells.cells[0].pool_bytes == pool
+            replan = cells._plan_tick()
+            assert replan is not None and sorted(replan.placement) == ["a", "b"]
+            assert [(c.devices, c.pool_bytes) for c in cells.membership.capacities()] == [(2, pool)]
+            assert await cells.warm("a") is True
+            assert await cells.warm("unknown") is False
+        finally:
+            await cells.close()
+            await hub.close()
+
+    with_service(test)

@@ -34,7 +34,6 @@ from mainspring.time import NS_PER_MS, NS_PER_S
 from mainspring.worker.runtimes.emulated import EmulatedDevice
 
 CELL_ACTION_IDS = 1 << 40  # each cell numbers its actions from its index times this
-FIRST_REPLAN_NS = NS_PER_S // 4  # re-plans come at 0.25 s, then twice as far apart up to ``replan_ns``
 
 
 @dataclass(frozen=True)
@@ -305,8 +304,8 @@ class Routing:
     def __init__(self, cells: list[Cell], by_name: Mapping[str, ModelProfile], config: CellsConfig) -> None:
         self.cells = cells
         self.config = config
-        self.planner = CellsPlanner(PlannerConfig(FIRST_REPLAN_NS, config.replan_ns, config.handover_ns,
-                                                  config.placement))  # fmt: skip
+        planner = PlannerConfig(replan_ns=config.replan_ns, handover_ns=config.handover_ns, placement=config.placement)
+        self.planner = CellsPlanner(planner)
         self.router = self.planner.router
         self._profiles = by_name
         self._costs = {name: routing_costs(p) for name, p in by_name.items()}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mainspring.cells.membership import Phase
+from mainspring.controller.service import ControllerService
 from mainspring.frontend.cells_port import CellsPort, merge_expositions
 from mainspring.frontend.dataplane import DataPlane, InferenceError
 from mainspring.frontend.remote import RemoteController
@@ -22,6 +25,22 @@ mainspring_requests_total{model="odd}name",outcome="success"} 1.0
 # TYPE mainspring_devices gauge
 mainspring_devices 2.0
 """
+
+
+@contextlib.asynccontextmanager
+async def one_cell(service: ControllerService, tmp_path: Path) -> AsyncIterator[CellsPort]:
+    """A started port over one cell: ``service`` behind a hub on an ipc socket."""
+    from mainspring.controller.frontends import FrontendHub
+
+    hub = FrontendHub(service, f"ipc://{tmp_path}/cell-0")
+    await hub.start()
+    cells = CellsPort("frontend-1", [hub.endpoint], [f"ipc://{tmp_path}/cell-0-signal"])
+    await cells.start(timeout_s=5)
+    try:
+        yield cells
+    finally:
+        await cells.close()
+        await hub.close()
 
 
 def test_every_sample_gets_its_cell_and_each_family_stays_whole() -> None:
@@ -48,7 +67,6 @@ def test_a_frontend_follows_the_cells_file_and_reaches_a_tcp_cell_only_with_the_
     """Cells on Ray: a cell listed after the frontend started (the server's cells file) is joined and
     served, over a TCP port the worker secret guards; a frontend with another secret is not let in."""
     from mainspring.controller.frontends import FrontendHub
-    from mainspring.controller.service import ControllerService
     from tests.controller.test_service import tensor, with_service
     from tests.serving.processes import free_ports
     from tests.waiting import until
@@ -91,31 +109,22 @@ def test_a_cell_that_no_longer_knows_the_frontend_is_joined_again(tmp_path: Path
     import zmq
     import zmq.asyncio
 
-    from mainspring.controller.frontends import FrontendHub
-    from mainspring.controller.service import ControllerService
     from tests.controller.test_service import tensor, with_service
     from tests.waiting import until
 
     async def test(service: ControllerService, _: DataPlane, __: object) -> None:
-        hub = FrontendHub(service, f"ipc://{tmp_path}/cell-0")
-        await hub.start()
-        cells = CellsPort("frontend-1", [hub.endpoint], [f"ipc://{tmp_path}/cell-0-signal"])
-        await cells.start(timeout_s=5)
-        values = np.arange(3, dtype=np.float32).reshape(1, 3)
-        try:
+        async with one_cell(service, tmp_path) as cells:
+            values = np.arange(3, dtype=np.float32).reshape(1, 3)
             cell = cells.cells[0]
             await cell._stop_receiving()  # a new socket, never joined: what the cell sees after the drop
             cell._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-            cell._socket.connect(hub.endpoint)
+            cell._socket.connect(cell.endpoint)
             cell._receiver = asyncio.create_task(cell._receive())
             with pytest.raises(InferenceError, match="restarted since the call was sent"):  # its only cell
                 await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
             await until(lambda: cells.membership.phase(0) is Phase.LIVE and cell.joined, timeout_s=10)
             _, outputs = await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
             np.testing.assert_array_equal(outputs[0].data, values)
-        finally:
-            await cells.close()
-            await hub.close()
 
     with_service(test)
 
@@ -128,26 +137,17 @@ def test_a_model_operation_a_restarted_cell_refuses_is_asked_again_after_joining
     import zmq
     import zmq.asyncio
 
-    from mainspring.controller.frontends import FrontendHub
-    from mainspring.controller.service import ControllerService
     from tests.controller.test_service import with_service
 
     async def test(service: ControllerService, _: DataPlane, __: object) -> None:
-        hub = FrontendHub(service, f"ipc://{tmp_path}/cell-0")
-        await hub.start()
-        cells = CellsPort("frontend-1", [hub.endpoint], [f"ipc://{tmp_path}/cell-0-signal"])
-        await cells.start(timeout_s=5)
-        try:
+        async with one_cell(service, tmp_path) as cells:
             cell = cells.cells[0]
             await cell._stop_receiving()  # a new socket, never joined
             cell._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-            cell._socket.connect(hub.endpoint)
+            cell._socket.connect(cell.endpoint)
             cell._receiver = asyncio.create_task(cell._receive())
             await cells.load_model("a", timeout_s=10)
             assert cell.joined and cells.membership.phase(0) is Phase.LIVE
-        finally:
-            await cells.close()
-            await hub.close()
 
     with_service(test)
 
@@ -155,17 +155,11 @@ def test_a_model_operation_a_restarted_cell_refuses_is_asked_again_after_joining
 def test_the_port_warms_a_model_on_its_cells_and_plans_over_their_real_pools(tmp_path: Path) -> None:
     """``ControllerPort.warm`` through the cells: the cell loads a model it does not hold (an unknown
     model warms nothing, and fails nothing); each cell reports its devices' pools, which the plan uses."""
-    from mainspring.controller.frontends import FrontendHub
-    from mainspring.controller.service import ControllerService
     from mainspring.protocol import DeviceSpec
     from tests.controller.test_service import with_service
 
     async def test(service: ControllerService, _: DataPlane, __: object) -> None:
-        hub = FrontendHub(service, f"ipc://{tmp_path}/cell-0")
-        await hub.start()
-        cells = CellsPort("frontend-1", [hub.endpoint], [f"ipc://{tmp_path}/cell-0-signal"])
-        await cells.start(timeout_s=5)
-        try:
+        async with one_cell(service, tmp_path) as cells:
             pool = 2 * DeviceSpec(0, "v100").total_pages * DeviceSpec(0, "v100").page_bytes
             assert cells.cells[0].pool_bytes == pool
             replan = cells._plan_tick()
@@ -173,8 +167,5 @@ def test_the_port_warms_a_model_on_its_cells_and_plans_over_their_real_pools(tmp
             assert [(c.devices, c.pool_bytes) for c in cells.membership.capacities()] == [(2, pool)]
             assert await cells.warm("a") is True
             assert await cells.warm("unknown") is False
-        finally:
-            await cells.close()
-            await hub.close()
 
     with_service(test)

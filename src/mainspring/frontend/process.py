@@ -56,7 +56,7 @@ async def run_frontend(spec: FrontendSpec) -> None:
     from mainspring.frontend.shared_memory import SharedMemoryRegions
     from mainspring.models.repository import ModelRepository
 
-    controller: Any
+    controller: CellsPort | RemoteController  # each a ControllerPort (mypy checks it at DataPlane)
     if spec.cells or spec.cells_file:
         secret = os.environ.get(SECRET_ENV, "")  # cells on Ray: their channels are TCP ports it guards
         controller = CellsPort(spec.name, spec.cells, spec.signals, secret=secret, cells_file=spec.cells_file)

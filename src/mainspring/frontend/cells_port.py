@@ -61,6 +61,7 @@ class CellsPort:
         self._settles = settles
         self._secret = secret  # the worker secret guards the cells' channels where they are TCP ports (Ray)
         self._clock = clock or WallClock()
+        self._tasks: set[asyncio.Task[object]] = set()
         self.membership = Membership(self._clock, settles)
         self.planner = CellsPlanner(PlannerConfig(placement=placement or PlacementConfig()), self._clock.now_ns())
         self.router = self.planner.router
@@ -72,7 +73,6 @@ class CellsPort:
         self._subscriber = SignalSubscriber(list(signal_endpoints), self._signal, secret)
         self._changing: dict[str, asyncio.Lock] = {}  # one repository change of a model at a time
         self._settler = Settler(self.cells, self.membership, self._changing, self._on_cell)
-        self._tasks: set[asyncio.Task[object]] = set()
 
     async def start(self, timeout_s: float = 60.0) -> None:
         self._join_timeout_s = timeout_s
@@ -121,7 +121,7 @@ class CellsPort:
             await cell.start(self._join_timeout_s)
         except TimeoutError:  # its join stays queued: the cell takes it when it binds
             log.warning("cell %d did not answer within %g s", index, self._join_timeout_s)
-            while not cell.joined:
+            while not cell.joined and not self.membership.down(index):
                 await asyncio.sleep(0.1)
         log.info("cell %d joined, with %d device(s)", index, cell.device_count)
         self._carry(self.membership.joined(index))
@@ -158,8 +158,7 @@ class CellsPort:
     def _carry(self, effects: Sequence[Effect]) -> None:
         """What the membership decided, done."""
         for effect in effects:
-            index, cell = effect.cell, self.cells[effect.cell] if effect.cell < len(self.cells) else None
-            assert cell is not None
+            index, cell = effect.cell, self.cells[effect.cell]
             if effect.do is Do.FAIL_WAITING:
                 failed = cell.fail_waiting(f"cell {index}'s controller is gone ({effect.text})")
                 level = logging.WARNING if cell.accepting else logging.INFO  # not: it was stopping

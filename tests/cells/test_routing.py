@@ -74,3 +74,22 @@ def test_the_clockwork_policy_signals_when_its_holders_free_up() -> None:
     # not before m's weights are in and a batch of one (2 ms) has run after them
     assert signal.finish_ns["m"] >= load.earliest_ns + load.expected_duration_ns + 2 * MS
     assert not any(isinstance(a, Infer) for a in decisions.actions)
+
+
+def test_infer4_and_infer5_signal_from_their_lanes_and_a_reactive_policy_signals_no_times() -> None:
+    import random
+
+    from mainspring.scheduler.registry import make_scheduler
+
+    devices = [DeviceSpec(0, "v100", 64 * PAGE, PAGE), DeviceSpec(1, "v100", 64 * PAGE, PAGE)]
+    profiles = {"m": profile("m"), "n": profile("n")}
+    for name in ("infer4", "infer5"):
+        policy = make_scheduler(name, profiles, devices, random.Random(0), 0, None, "--clockwork")
+        assert cell_signal(0, policy, 2, 0, ["m", "n"]).finish_ns == {}  # nothing held yet
+        policy.on_request(request(1, "m", 0), 0)
+        load = policy.schedule(0).actions[0]  # loads m on a device
+        signal = cell_signal(0, policy, 2, 0, ["m", "n"])
+        assert set(signal.finish_ns) == {"m"}, name
+        assert signal.finish_ns["m"] >= load.earliest_ns + load.expected_duration_ns + 2 * MS, name
+    reactive = make_scheduler("triton", profiles, devices, random.Random(0), 0, None, "--clockwork")
+    assert cell_signal(0, reactive, 2, 5, ["m"]) == CellSignal(0, 5, 2, {}, 5)

@@ -31,7 +31,7 @@ import heapq
 import random
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mainspring.models.profile import ModelProfile
@@ -45,11 +45,12 @@ from mainspring.protocol import (
     Outcome,
     Request,
 )
-from mainspring.scheduler.base import Decisions
+from mainspring.scheduler.base import Decisions, Forecast
 from mainspring.scheduler.clockwork.estimator import Estimator
 from mainspring.scheduler.clockwork.tracker import NEVER, LaneTracker
 from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.scheduler.infer4.demand import Demand, LoadTracker
+from mainspring.scheduler.infer4.forecast import device_forecast
 from mainspring.time import NS_PER_MS, NS_PER_S
 
 BUFFER_NS = 5 * NS_PER_MS  # aim this much before the deadline
@@ -433,6 +434,10 @@ class Infer4Scheduler(PolicyBookkeeping):
         model = self.models.get(name)
         for queued in model.queue if model is not None else ():
             self._add_strategies(device, name, queued)
+
+    def forecast(self, models: Iterable[str], now_ns: int) -> Forecast:
+        """When a batch of one of each model would end here, from the lanes as booked (a read)."""
+        return device_forecast(self.devices.values(), self.estimator, self.profiles, models, now_ns)
 
     # --- helpers ---------------------------------------------------------------------------
     def _unbusy(self, device: _Device, name: str) -> None:

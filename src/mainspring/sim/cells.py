@@ -1,11 +1,12 @@
 """A simulated run over cells: devices split into groups, each planned by a controller core of its own.
 
 Each cell runs the unchanged policy over its own devices behind a ``ControllerCore``, which keeps the
-cell's controller busy for as long as the cost model says its policy took. A router sends each
-request to one of its model's cells (``cells/placement.py`` decides which cells serve a model, from
-the demand measured so far; ``cells/routing.py`` picks among them from each cell's load signal, which
-is computed on the cell's core, so it is as stale as a busy controller makes it, and reaches the
-router ``signal_delay_ns`` later). With one cell this is one controller with its CPU on the clock.
+cell's controller busy for as long as the cost model says its policy took. The cells planner that
+``serve --cells`` runs (``cells/planner.py``) sends each request to one of its model's cells: it
+decides which cells serve a model from the demand measured so far, and picks among them from each
+cell's load signal, which is computed on the cell's core, so it is as stale as a busy controller
+makes it, and reaches the router ``signal_delay_ns`` later. With one cell this is one controller
+with its CPU on the clock.
 """
 
 from __future__ import annotations

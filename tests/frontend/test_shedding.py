@@ -76,7 +76,7 @@ def test_time_a_call_waited_before_the_controller_saw_it_counts_against_its_dead
 
 
 def test_a_late_loop_refuses_new_calls_at_once_and_takes_them_again_once_it_catches_up() -> None:
-    # The loop is held up by a callback that blocks for 200 ms every tick (as a CPU that cannot keep up
+    # The loop is held up by a callback that blocks for 100 ms every tick (as a CPU that cannot keep up
     # would hold it): far past the target of a 1 s SLO (50 ms). Calls come from a thread of their own.
     port = free_port()
     body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]})
@@ -90,7 +90,7 @@ def test_a_late_loop_refuses_new_calls_at_once_and_takes_them_again_once_it_catc
             answers.append((phase["now"], status, reply))
 
     async def scenario() -> None:
-        service = ControllerService(default_slo_ms=1000)
+        service = ControllerService(default_slo_ms=1000, max_loop_lag_ms=60_000)  # only the gate refuses
         handle = emulated(service)
         handle.join()
         plane = DataPlane(service)
@@ -98,10 +98,10 @@ def test_a_late_loop_refuses_new_calls_at_once_and_takes_them_again_once_it_catc
         stop = threading.Event()
         thread = threading.Thread(target=client, args=(stop,), daemon=True)
         try:
-            hog_until = time.monotonic() + 3.0
+            hog_until = time.monotonic() + 60.0  # until five calls were shed (a busy machine sends fewer)
             thread.start()
-            while time.monotonic() < hog_until:
-                time.sleep(0.2)  # the loop's CPU spent elsewhere
+            while time.monotonic() < hog_until and sum(s == 429 for _, s, _ in answers) < 5:
+                time.sleep(0.1)  # the loop's CPU spent elsewhere (twice the target lag of a 1 s SLO)
                 await asyncio.sleep(0)
             phase["now"] = "caught up"
             deadline = time.monotonic() + 30
@@ -118,9 +118,8 @@ def test_a_late_loop_refuses_new_calls_at_once_and_takes_them_again_once_it_catc
     asyncio.run(scenario())
     hogged = [(status, reply) for phase_now, status, reply in answers if phase_now == "hogged"]
     shed = [json.loads(reply) for status, reply in hogged if status == 429]
-    assert shed, hogged[:5]
-    assert all(s["outcome"] == "overloaded" for s in shed), shed[:3]
-    assert any("event loop runs" in s["error"] for s in shed), shed[:3]  # the gate's, besides max_loop_lag_ms
+    assert len(shed) >= 5, hogged[:5]
+    assert all(s["outcome"] == "overloaded" and "event loop runs" in s["error"] for s in shed), shed[:3]
     assert all(status in (200, 429) for status, _ in hogged)  # each answered once: served or refused
     recovered = [status for phase_now, status, _ in answers if phase_now == "caught up"]
     assert recovered[-20:] == [200] * 20, recovered[-30:]  # every call taken again, twenty in a row

@@ -1,7 +1,7 @@
 """A closed loop on one noisy CPU device, simulated: where early rejection costs attainment.
 
-Live on 2026-12-01 (``docs/benchmarks.md``, the last section) S1's closed loop (16 clients that
-send again 10 ms after a rejection, SLO 102 ms) gave Mainspring 18-20% attainment against Triton's
+Live on 2026-12-01 (``docs/benchmarks/triton.md``, "S1 and S3 beside Triton again") S1's closed loop
+(16 clients that send again 10 ms after a rejection, SLO 102 ms) gave Mainspring 18-20% attainment against Triton's
 29-37%, with more goodput. This reproduces it deterministically: one device with resnet18 (64x64)'s
 batch times as measured here in a quiet process (9.8 / 16.6 / 23.5 / 40.3 ms at 1 / 2 / 4 / 8),
 a noise model with the heavy tail of a CPU that shares its cores (log-normal jitter sigma 0.15, 5%

@@ -4,7 +4,7 @@ By default CPython scans its youngest generation every 700 new container objects
 oldest whenever enough survivors pile up. A simulation keeps every request's record, every
 model's estimate tables and its event heap alive, so those scans find nothing to free and the
 oldest-generation ones (~50 ms each at 32 devices) grow with the run: 8% of the policy's
-measured CPU at 32 devices (`docs/benchmarks.md`), charged to whichever call allocated at the
+measured CPU at 32 devices (`docs/benchmarks/controller-cost.md`), charged to whichever call allocated at the
 time. Reference counting still frees everything acyclic at once; only cycles wait longer.
 """
 

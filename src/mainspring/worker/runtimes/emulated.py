@@ -56,7 +56,7 @@ class NoiseModel:
     def shared_cpu(cls) -> NoiseModel:
         """A CPU worker sharing its cores with a controller, a client and other tenants: fitted to live
         runs on a 2-core machine (jitter sigma 0.11-0.16, 3-7% of runs 1.5-4x their median;
-        docs/benchmarks.md, "Live runs replayed in the simulator")."""
+        docs/benchmarks/cells-and-sim.md, "Live runs replayed in the simulator")."""
         return cls(jitter_sigma=0.15, spike_probability=0.05, spike_min_factor=1.5, spike_max_factor=3.5)
 
     @classmethod

@@ -9,7 +9,7 @@ of runs 1.5-3.5x slower), and the same closed loop. Each policy on the same seed
 policy also at other CPU estimate percentiles (``--percentiles``), since the loop is bistable: when
 two batches of eight at the estimate exceed the SLO, every client that was just answered is refused
 and retries until the lane's booked work shrinks, and each refusal counts as a miss. (It was p90
-then; stalls that stood in rarely run sizes made it worse. Both are fixed: ``docs/scheduler.md``,
+then; stalls that stood in rarely run sizes made it worse. Both are fixed: ``docs/scheduler/estimates.md``,
 "Stalls that stand" and "Estimates on a CPU, again".)
 
     .venv/bin/python benchmarks/closed_loop_noise.py [--seeds 1 2] [--duration-s 30] [--percentiles 90] [--admit-at 50]

@@ -41,7 +41,7 @@ as large as its outstanding requests allow: up to 16 (21.7 ms) with 12 x 16, up 
 `clockwork-noguard` is the policy as it was before the tight-class guard (`guard_tight=false`): every
 device runs the least-slack batch whole, and the class falls to 13-36% at 11.2 ms and 78% at 16.8 ms in
 the authors' setting, 0-22% at 6.6-10 ms in ours. The guard (`scheduler/clockwork/guard.py`,
-`docs/scheduler.md` "Classes of work") keeps enough devices responsive for the class (its batch-1 work
+`docs/scheduler/tight-class.md`) keeps enough devices responsive for the class (its batch-1 work
 at half a device each), holds every latency-sensitive model on each, and there cuts the batch model's
 batches to leave room for two of the class's requests; the other devices run whole batches. The
 capacity left is the batch clients' goodput with the devices to themselves times the share the class

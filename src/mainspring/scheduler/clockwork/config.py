@@ -29,7 +29,7 @@ class ClockworkConfig:
     ``device_admission``: at arrival, count the work other models have queued on a device
     (due no later) before this request, not only its own model's.
     ``deadline_margin_ms``: plan every batch to end this long before its deadline, for the
-    result's trip back to the client (see ``docs/scheduler.md``).
+    result's trip back to the client (see ``docs/scheduler/admission.md``).
     ``demand_counts_rejected``: count rejected arrivals in a model's demand (on: an open-loop
     burst's rejected requests are real demand; without them the burst looks within its share).
     ``whole_batches``: when the most urgent request allows only part of a backlog and the rest
@@ -59,26 +59,26 @@ class ClockworkConfig:
     shares its cores with the server and the clients, so its timings have a heavy tail that a GPU's
     lack; with a window of 10 the p99 is the largest of the last 10, one interference spike, and
     even p90 priced two batches in a row past SLOs they meet most of the time (live figures in
-    ``docs/scheduler.md``, "Estimates on a CPU").
+    ``docs/scheduler/estimates.md``, "Estimates on a CPU").
     ``admission_percentile_cpu``: admission on devices of kind ``cpu`` judges by estimates at this
     percentile while planning keeps ``estimate_percentile_cpu`` (None: admission judges by the
     planner's estimates); the demand admission records, which shares, replica priorities and the
     trade-off read, is priced by the same estimates. Made for planning at p90, whose two estimates
     end to end (the running batch's and the next one's) refused requests that would make it
-    (``benchmarks/closed_loop_noise.py``; ``docs/scheduler.md``).
+    (``benchmarks/closed_loop_noise.py``; ``docs/scheduler/estimates.md``).
     ``estimate_max_age_s``: measurements older than this stop counting (None: never), so one
     stall cannot lock a model out for good; models measured less often fall back to the profile.
     ``evict_by_popularity``: a load that needs room evicts, among the least recently used models it
     may evict (``loads.EVICTION_SAMPLE`` of them, or as many as the room takes), the ones with the
     fewest recent arrivals (remembered over ``popularity_memory_ms``) first; off: the least recently
     used first, as Clockwork. Under skewed popularity LRU evicts a popular model after one gap in
-    its arrivals and loads it again soon after (``docs/scheduler.md``, "Evictions").
+    its arrivals and loads it again soon after (``docs/scheduler/loads-and-evictions.md``, "Evictions").
     ``gather_max_ms``: a free lane with one model waiting, about to run its whole queue in a batch
     that could hold one more request, waits up to this long for that request, when the model's
     arrival rate expects at least one within the lane time the extra request would save (a padded place
     filled for nothing, or one batch instead of two); never past what the head's deadline allows
     (None: never wait, as Clockwork). The wait pays in expectation only from that rate up
-    (``docs/scheduler.md``, "Waiting for one more request").
+    (``docs/scheduler/batching.md``, "Waiting for one more request").
     ``guard_tight``: keep devices responsive for models whose SLO a looser model's batch would break
     (``guard.py``; off: every device runs the least-slack batch whole, as Clockwork).
     ``guard_utilization``: the share of a responsive device the tight models' recent work may fill;

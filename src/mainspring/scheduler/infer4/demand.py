@@ -12,7 +12,7 @@ Eviction: models without demand first, least recently used first.
 Ported as published, with one reading made explicit: the source's "all demand
 satisfied" test compares a pointer with zero (always false); we apply the test it
 names (priority > 0), so a model whose demand its holders already serve is not loaded
-again. ``docs/scheduler.md`` lists this among infer4's readings of the source.
+again. ``docs/scheduler/infer4-and-infer5.md`` lists this among infer4's readings of the source.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ deadline; devices and models may come and go; a model with work in flight is not
 evicted (the source may evict under a running batch, which fails it).
 Load priorities are worked out afresh at each load decision (``demand.py``). The source
 refreshes a model's priority only when the model itself changes, so its priorities lag the
-devices' weights (``docs/scheduler.md``).
+devices' weights (``docs/scheduler/infer4-and-infer5.md``).
 """
 
 from __future__ import annotations

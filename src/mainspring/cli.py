@@ -56,7 +56,7 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         "--clockwork",
         action="append",
         metavar="KEY=VALUE",
-        help="a clockwork policy setting, e.g. estimate_percentile=90 (repeatable; docs/scheduler.md)",
+        help="a clockwork policy setting, e.g. estimate_percentile=90 (repeatable; docs/scheduler/settings.md)",
     )
     p.add_argument("--devices", type=bounded_int(1, MAX_DEVICES), default=6, help="emulated devices (default 6)")
     add_profile_arguments(p)

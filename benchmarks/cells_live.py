@@ -1,7 +1,7 @@
 """Cells, live: the controllers' CPU per request with one cell against two, at the same load.
 
 For each layout, a server whose frontend runs in its own process and whose controllers are cell
-processes (``serve_cells.Cells``, one cell or two), ``--devices`` emulated devices in worker processes
+processes (``serving.local_cells.Cells``, one cell or two), ``--devices`` emulated devices in worker processes
 (``worker --emulate``, split over the cells), and ``mainspring bench`` sending Poisson arrivals at
 ``--rate`` for ``--duration-s`` over every model. Each cell process's CPU time (user + system, from
 /proc) is read before and after; prints the controllers' summed CPU per request answered, goodput,
@@ -36,7 +36,7 @@ def children(pid: int) -> list[int]:
 
 
 def cell_pids(front: int) -> list[int]:
-    return [p for p in children(front) if b"serve_cells" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return [p for p in children(front) if b"serving.local_cells" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
 
 def wait_ready(port: int, timeout_s: float = 60.0) -> None:
@@ -55,7 +55,7 @@ def wait_ready(port: int, timeout_s: float = 60.0) -> None:
 def run(cells: int, args: argparse.Namespace, base_port: int) -> dict[str, float]:
     http, grpc, workers_port = base_port, base_port + 1, base_port + 2
     front_code = (
-        "from mainspring.serve_cells import run_cells; from mainspring.serve_config import ServeConfig; "
+        "from mainspring.serving.local_cells import run_cells; from mainspring.serving.config import ServeConfig; "
         f"raise SystemExit(run_cells(ServeConfig(cells={cells}, workers='tcp', allow_open_workers=True, frontends=1, "
         f"http_port={http}, grpc_port={grpc}, worker_port={workers_port}, repo={args.repo!r}, slo_ms={args.slo_ms})))"
     )

@@ -47,7 +47,7 @@ from mainspring.bench.report import as_recorder, build  # noqa: E402
 from mainspring.models.loading import copy_model, export_zoo_model  # noqa: E402
 from mainspring.models.profile import ModelProfile  # noqa: E402
 from mainspring.models.repository import ModelRepository  # noqa: E402
-from mainspring.serve_config import DEFAULT_ZOO  # noqa: E402
+from mainspring.serving.config import DEFAULT_ZOO  # noqa: E402
 from mainspring.time import ms_to_ns, s_to_ns  # noqa: E402
 from mainspring.workload import AzureTrace, BurstyOnOff, ClosedLoop, PoissonOpenLoop, Workload  # noqa: E402
 from scenario_report import write_markdown  # noqa: E402

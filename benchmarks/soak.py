@@ -29,7 +29,7 @@ from mainspring.bench.senders import HttpSender
 from mainspring.models.loading import export_zoo_model
 from mainspring.models.profile import ModelProfile
 from mainspring.models.repository import ModelRepository
-from mainspring.serve_config import DEFAULT_ZOO
+from mainspring.serving.config import DEFAULT_ZOO
 from mainspring.time import ms_to_ns, s_to_ns
 from mainspring.workload import AzureTrace
 

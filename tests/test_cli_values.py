@@ -22,7 +22,7 @@ from mainspring.cli_plan import plan_setup
 from mainspring.cli_values import bounded_int, endpoint, finite_float, number_list, server_address
 from mainspring.cli_workload import CliError
 from mainspring.models.profile import builtin_profiles, model_copies
-from mainspring.serve_config import ServeConfig, load_config
+from mainspring.serving.config import ServeConfig, load_config
 from mainspring.sim.plan import plan
 from mainspring.sim.run import SimulationConfig
 from mainspring.time import NS_PER_S

@@ -122,8 +122,8 @@ def _profiles_source(text: str) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from mainspring.serve import run_server
-    from mainspring.serve_config import load_config
+    from mainspring.serving.config import load_config
+    from mainspring.serving.server import run_server
 
     flags: dict[str, Any] = {
         key: getattr(args, key)
@@ -151,11 +151,11 @@ def run_serve(args: argparse.Namespace) -> int:
     config = load_config(args.config, dict(os.environ), flags, args.clockwork)
     config = dataclasses.replace(config, cells=config.cell_count())
     if config.cells > 1 and config.ray:
-        from mainspring.ray_cells import run_ray_cells
+        from mainspring.serving.ray_cells import run_ray_cells
 
         return run_ray_cells(config)
     if config.cells > 1:
-        from mainspring.serve_cells import run_cells
+        from mainspring.serving.local_cells import run_cells
 
         return run_cells(config)
     return run_server(config)

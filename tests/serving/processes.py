@@ -148,13 +148,13 @@ def workers_on(ports: Iterable[int]) -> dict[int, int]:
 
 
 def cells_on(ports: Iterable[int]) -> dict[int, int]:
-    """The cell controller processes (``mainspring.serve_cells``) whose frontends' channel is on one of
+    """The cell controller processes (``mainspring.serving.local_cells``) whose frontends' channel is on one of
     ``ports`` (the test's own), by cell index."""
     endings = [f':{port}","signal_endpoint":'.encode() for port in ports]
     found = {}
     for pid in _listed_pids():
         argv = command_line(pid)
-        if b"mainspring.serve_cells" in argv[:-1] and any(end in argv[-1] for end in endings):
+        if b"mainspring.serving.local_cells" in argv[:-1] and any(end in argv[-1] for end in endings):
             found[json.loads(argv[-1])["index"]] = pid
     return found
 

@@ -86,7 +86,7 @@ class TwoCells:
     def cell_pid(self, index: int) -> int:
         for pid in child_pids(self.server.process.pid):
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"serve_cells" in command and f'"index":{index},'.encode() in command:
+            if b"serving.local_cells" in command and f'"index":{index},'.encode() in command:
                 return pid
         raise AssertionError(f"no process for cell {index}")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mainspring.models.repository import ModelRepository
-from mainspring.ray_cluster import RayPlacer, RayWorkers
+from mainspring.serving.ray_placement import RayPlacer, RayWorkers
 from tests.serving.processes import ServerProcess, alive, free_port, http_call, workers_on
 from tests.serving.test_supervision import metric
 from tests.serving.test_worker_loss import body

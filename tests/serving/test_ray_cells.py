@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from mainspring.models.repository import ModelRepository
-from mainspring.ray_cells import RayCells
-from mainspring.ray_cluster import RayPlacer, RayWorkers
-from mainspring.serve_config import ServeConfig
+from mainspring.serving.config import ServeConfig
+from mainspring.serving.ray_cells import RayCells
+from mainspring.serving.ray_placement import RayPlacer, RayWorkers
 from tests.serving.processes import ServerProcess, alive, cells_on, http_call, workers_on
 from tests.serving.test_cells_serve import consecutive_free_ports, samples
 from tests.serving.test_ray import actor_pids, add_node, two_nodes

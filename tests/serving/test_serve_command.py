@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mainspring.models.repository import ModelRepository
-from mainspring.serve_config import ServeConfig, load_config
+from mainspring.serving.config import ServeConfig, load_config
 from tests.serving.processes import free_port, http_call
 
 

@@ -77,7 +77,7 @@ class WorkerActor(ProcessActor):
 
 
 class CellActor(ProcessActor):
-    """Runs one cell's controller (``python -m mainspring.serve_cells SPEC``); it exits with this actor."""
+    """Runs one cell's controller (``python -m mainspring.serving.local_cells SPEC``); it exits with this actor."""
 
 
 @dataclass

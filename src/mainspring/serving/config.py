@@ -40,7 +40,7 @@ class ServeConfig:
     worker_port: int = 8002
     workers: str = "local"  # or "tcp": wait for external workers
     frontends: int = 0  # HTTP + gRPC frontend processes sharing the ports; 0: one per two cores, at most 4
-    # Controller processes, each planning its share of the devices (serve_cells.py); 1: one controller
+    # Controller processes, each planning its share of the devices (local_cells.py); 1: one controller
     # in this process; 0: sized to the machine (``cell_count``). Cell i takes workers on worker_port + i.
     # With ray: a cell per node's devices (up to 16), N the cells serving waits for (ray_cells.py).
     cells: int = 0
@@ -70,7 +70,7 @@ class ServeConfig:
     # process's CPU keeps up with (``frontend/shedding.py``); false: every call is read and judged alone.
     shed_at_arrival: bool = True
     # "uvloop": more requests/s through one controller, but its millisecond timers cost attainment
-    # (docs/benchmarks.md); needs `pip install uvloop`.
+    # (docs/benchmarks/serving.md, "Controller throughput"); needs `pip install uvloop`.
     event_loop: str = "asyncio"
     # Security: set the secrets in the config file or the environment, never as flags (``ps`` shows flags).
     auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)

@@ -2,7 +2,7 @@
 
 A cell is up to 16 devices of one node (``CELL_DEVICES``; a node of 8 GPUs is one cell). Its placement
 group, pinned to that node, holds a bundle for its controller (a CPU) and one per device; the
-controller (``python -m mainspring.serve_cells SPEC``, as a ``CellActor``) and the workers (as
+controller (``python -m mainspring.serving.local_cells SPEC``, as a ``CellActor``) and the workers (as
 ``WorkerActor``\\ s) run there, so a cell's actions never cross the network. This process keeps the
 HTTP and gRPC ports and routes every request to a cell (``CellsPort``), as ``serve --cells N`` does
 on one machine; the cells' channels are TCP ports on their nodes instead of local sockets:
@@ -38,10 +38,10 @@ import msgspec
 
 from mainspring.frontend.cells_port import CellsPort
 from mainspring.frontend.process import TOKEN_ENV
-from mainspring.ray_cluster import RayPlacer, RayWorkers
-from mainspring.serve import run_server
-from mainspring.serve_cells import SECRET_FIELDS, CellSpec
-from mainspring.serve_config import CELL_DEVICES, ServeConfig
+from mainspring.serving.config import CELL_DEVICES, ServeConfig
+from mainspring.serving.local_cells import SECRET_FIELDS, CellSpec
+from mainspring.serving.ray_placement import RayPlacer, RayWorkers
+from mainspring.serving.server import run_server
 from mainspring.transport.security import SECRET_ENV
 
 log = logging.getLogger("mainspring.serve")
@@ -168,7 +168,7 @@ class RayCells:
         environment = {SECRET_ENV: config.worker_secret} if config.worker_secret else {}
         if config.auth_token:
             environment[TOKEN_ENV] = config.auth_token
-        return ["mainspring.serve_cells", msgspec.json.encode(spec).decode()], environment
+        return ["mainspring.serving.local_cells", msgspec.json.encode(spec).decode()], environment
 
     def worker_endpoint(self, cell: int) -> str:
         return f"tcp://{self._addresses[cell]}:{self.config.worker_port + PORTS_PER_CELL * cell}"

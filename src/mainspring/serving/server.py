@@ -45,8 +45,8 @@ from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.port import ControllerPort
 from mainspring.frontend.process import TOKEN_ENV, FrontendSpec
 from mainspring.models.repository import ModelRepository
-from mainspring.ray_cluster import RayPlacer, RayWorkers
-from mainspring.serve_config import LOOPBACK, ServeConfig, ensure_repository
+from mainspring.serving.config import LOOPBACK, ServeConfig, ensure_repository
+from mainspring.serving.ray_placement import RayPlacer, RayWorkers
 from mainspring.transport.ports import check_port_free
 from mainspring.transport.security import SECRET_ENV
 from mainspring.transport.zmq_hub import WorkerHub
@@ -121,7 +121,7 @@ class CellRole:
 
 
 class CellsFront(Protocol):
-    """The cells behind this server's frontends (``serve_cells.py``): it starts and keeps them."""
+    """The cells behind this server's frontends (``local_cells.py``): it starts and keeps them."""
 
     @property
     def port(self) -> ControllerPort: ...

@@ -2,7 +2,7 @@
 of its own (a core each); the frontends in front of them route every request to a cell.
 
 This process keeps the HTTP and gRPC ports (and ``--frontends``) and starts the cells: cell ``i`` is
-a ``Server`` in its cell role (``python -m mainspring.serve_cells SPEC``) with its share of the local
+a ``Server`` in its cell role (``python -m mainspring.serving.local_cells SPEC``) with its share of the local
 devices, listening for workers on ``worker_port + i``, for the frontends on a ZeroMQ socket in a
 folder only this user may enter, and publishing its load signal beside it. A cell that exits is
 started again (the same backoff as a worker); meanwhile its models are served by the other cells.
@@ -26,8 +26,8 @@ import msgspec
 
 from mainspring.frontend.cells_port import CellsPort
 from mainspring.frontend.process import TOKEN_ENV
-from mainspring.serve import EXITED, CellRole, LocalWorker, run_server
-from mainspring.serve_config import ServeConfig
+from mainspring.serving.config import ServeConfig
+from mainspring.serving.server import EXITED, CellRole, LocalWorker, run_server
 from mainspring.transport.security import SECRET_ENV
 
 log = logging.getLogger("mainspring.serve")
@@ -98,7 +98,7 @@ class Cells:
             values = {k: v for k, v in dataclasses.asdict(cell_config(config, index, config.cells)).items()
                       if k not in SECRET_FIELDS}  # fmt: skip
             spec = CellSpec(index, self._endpoints[index], self._signals[index], os.getpid(), values)
-            command = [sys.executable, "-m", "mainspring.serve_cells", msgspec.json.encode(spec).decode()]
+            command = [sys.executable, "-m", "mainspring.serving.local_cells", msgspec.json.encode(spec).decode()]
             self._processes.append(LocalWorker(f"cell-{index}", command, subprocess.Popen(command, env=self._env())))
         started = asyncio.create_task(self._port.start(config.join_timeout_s))
         try:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mainspring.cli import build_parser, main
-from mainspring.cli_workload import duration_s
+from mainspring.cli.workload import duration_s
 from mainspring.scheduler.registry import parse_policies
 from mainspring.time import s_to_ns
 

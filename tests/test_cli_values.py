@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mainspring.cli import build_parser, simulate_setup
-from mainspring.cli_plan import plan_setup
-from mainspring.cli_values import bounded_int, endpoint, finite_float, number_list, server_address
-from mainspring.cli_workload import CliError
+from mainspring.cli.commands import build_parser, simulate_setup
+from mainspring.cli.plan import plan_setup
+from mainspring.cli.values import bounded_int, endpoint, finite_float, number_list, server_address
+from mainspring.cli.workload import CliError
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.serving.config import ServeConfig, load_config
 from mainspring.sim.plan import plan

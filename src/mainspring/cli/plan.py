@@ -15,7 +15,7 @@ from typing import Any
 from mainspring.cells.placement import Placement, demand_of
 from mainspring.cells.placement import plan as place
 from mainspring.cells.planner import capacity_of_specs
-from mainspring.cli_values import (
+from mainspring.cli.values import (
     MAX_DEVICES,
     MAX_SCALE_FACTOR,
     MAX_SLO_MS,
@@ -26,7 +26,7 @@ from mainspring.cli_values import (
     finite_float,
     number_list,
 )
-from mainspring.cli_workload import (
+from mainspring.cli.workload import (
     CliError,
     add_noise_argument,
     add_profile_arguments,

@@ -7,8 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from mainspring.cli_values import bounded_int, finite_float
-from mainspring.cli_workload import prepare_outputs
+from mainspring.cli.values import bounded_int, finite_float
+from mainspring.cli.workload import prepare_outputs
 from mainspring.time import ns_to_ms
 
 ZOO_FORMATS = ("torch_export", "torchscript", "safetensors", "onnx")

@@ -10,12 +10,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple, cast
 
-from mainspring.cli_bench import add_bench, run_bench
-from mainspring.cli_models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
-from mainspring.cli_plan import add_plan, run_plan
-from mainspring.cli_serve import add_serve, add_worker, run_serve, run_worker
-from mainspring.cli_values import MAX_DEVICES, PAGE_MIB, POOL_GIB, SECONDS, OneLineParser, bounded_int, one_line
-from mainspring.cli_workload import (
+from mainspring.cli.bench import add_bench, run_bench
+from mainspring.cli.models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
+from mainspring.cli.plan import add_plan, run_plan
+from mainspring.cli.serve import add_serve, add_worker, run_serve, run_worker
+from mainspring.cli.values import MAX_DEVICES, PAGE_MIB, POOL_GIB, SECONDS, OneLineParser, bounded_int, one_line
+from mainspring.cli.workload import (
     CliError,
     add_noise_argument,
     add_profile_arguments,
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, device_kind: str) -> SimulationConfig:
-    """The run's settings; each flag's range was checked as it was parsed (``cli_values``)."""
+    """The run's settings; each flag's range was checked as it was parsed (``cli/values.py``)."""
     seconds = duration_s(args)
     if (problem := slo_problem("--slo-ms", args.slo_ms)) is not None:
         raise CliError(problem)
@@ -249,7 +249,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # a path the user gave that cannot be used (too long a name, no permission)
         where = f"{str(error.filename)[:200]}: " if error.filename else ""
         parser.exit(2, one_line(f"mainspring {args.command}: error: {where}{error.strerror or error}"))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

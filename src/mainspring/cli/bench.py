@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mainspring.cli_values import server_address
-from mainspring.cli_workload import (
+from mainspring.cli.values import server_address
+from mainspring.cli.workload import (
     CliError,
     add_workload_arguments,
     duration_s,

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from mainspring.cli_values import (
+from mainspring.cli.values import (
     MAX_CLIENTS,
     MAX_MODELS,
     MAX_OUTSTANDING,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mainspring.cli_values import (
+from mainspring.cli.values import (
     MAX_CORE,
     MAX_DEVICES,
     MAX_MODELS,
@@ -29,7 +29,7 @@ from mainspring.cli_values import (
     finite_float,
     input_path,
 )
-from mainspring.cli_workload import add_noise_argument
+from mainspring.cli.workload import add_noise_argument
 
 
 def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

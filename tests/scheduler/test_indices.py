@@ -76,8 +76,8 @@ class SortingLoads(LoadPlanner):
         return True
 
     def _urgent(self) -> Tiers:
-        cold = sorted((self._latest_load_start(m), m) for m in self._residency.cold)
-        spill = [m for m in self._admission.needs_replica if m in self._queues]
+        cold = sorted((self._latest_load_start(m), m) for m in self.state.residency.cold)
+        spill = [m for m in self.state.demand.needs_replica if m in self.state.queues]
         return [(Tier.COLD, cold), (Tier.SPILL, sorted((self._latest_load_start(m), m) for m in spill))]
 
 
@@ -89,8 +89,8 @@ class WeighingEveryQueue(BatchPlanner):
     def best_batch(self, device: DeviceState, model: str, start_ns: int, now_ns: int) -> Choice | None:
         if model in device.loading:
             return None
-        queue = self._queues[model]
-        head: Request | None = self._feasible_head(queue, now_ns)
+        queue = self.state.queues[model]
+        head: Request | None = self.state.feasible_head(queue, now_ns)
         if head is None:
             return None
         choice = self._batch_within(device, queue, head, start_ns, head.deadline_ns)
@@ -102,14 +102,14 @@ class WeighingEveryQueue(BatchPlanner):
 class CheckingEveryStrand(StrandCheck):
     def spill(self, now_ns: int, after: float) -> None:
         stranded, needs_replica = self.stranded, self._needs_replica
-        stranded.update(self._queues.newly_stranded(now_ns))
-        for model in stranded.difference(needs_replica, self._residency.cold):  # no active set: every one
-            queue = self._queues.get(model)
+        stranded.update(self.state.queues.newly_stranded(now_ns))
+        for model in stranded.difference(needs_replica, self.state.residency.cold):  # no active set: every one
+            queue = self.state.queues.get(model)
             head = None if queue is None else queue.head()
             if queue is None or head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
                 stranded.discard(model)
                 continue
-            holders = self._residency.holding(model)
+            holders = self.state.residency.holding(model)
             if self._replicas_on_the_way_cover(model, queue, head, holders, now_ns):
                 continue
             if any(device.exec_lane.free_ns > now_ns for device in holders):
@@ -119,7 +119,9 @@ class CheckingEveryStrand(StrandCheck):
         self, model: str, queue: ModelQueue, head: Request, holders: tuple[DeviceState, ...], now_ns: int
     ) -> bool:
         room = sum(
-            self._largest_batch_by(model, d.kind, max(now_ns, d.exec_lane.free_ns, d.ready_ns[model]), head.deadline_ns)
+            self.state.shapes.largest_batch_by(
+                model, d.kind, max(now_ns, d.exec_lane.free_ns, d.ready_ns[model]), head.deadline_ns
+            )
             for d in holders
             if model in d.loading
         )

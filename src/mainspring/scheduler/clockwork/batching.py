@@ -5,25 +5,20 @@ urgent deadline there (``Choice``, ordered by slack); the policy runs the least-
 ``trade_off`` says otherwise (a model within its share keeps deadline order against models over
 theirs; past saturation the most efficient batch). Deciding only: the planner issues nothing and
 answers nothing; the one request it may reject, a head no holder can serve any more, goes through
-the policy's ``feasible_head``.
+``PolicyState.feasible_head``, which leaves the answer to the policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 from mainspring.protocol import Request
-from mainspring.scheduler.clockwork.admission import Admission
-from mainspring.scheduler.clockwork.config import ClockworkConfig
-from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
-from mainspring.scheduler.clockwork.residency import Residency
-from mainspring.scheduler.clockwork.shapes import BatchShapes, cheapest_in, first_of_split, least_work
+from mainspring.scheduler.clockwork.queues import ModelQueue
+from mainspring.scheduler.clockwork.shapes import cheapest_in, first_of_split, least_work
+from mainspring.scheduler.clockwork.state import PolicyState
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 
 SHEDDING_SHARE = 0.1  # a device is shedding load once this share of its recent requests expired in queue
-
-FeasibleHead = Callable[[ModelQueue, int], Request | None]  # rejects the heads no holder can serve
 
 
 class Choice(NamedTuple):
@@ -49,22 +44,10 @@ _new_choice = tuple.__new__  # a Choice from its fields' tuple, without the name
 class BatchPlanner:
     """Weighs the waiting models of a device and picks the batch to run next."""
 
-    def __init__(
-        self,
-        config: ClockworkConfig,
-        residency: Residency,
-        queues: RequestQueues,
-        shapes: BatchShapes,
-        admission: Admission,
-        feasible_head: FeasibleHead,
-    ) -> None:
-        self.config = config
-        self._residency = residency
-        self._queues = queues
-        self._shapes = shapes
-        self._admission = admission
-        self._feasible_head = feasible_head
-        self._gather_max_ns = config.gather_max_ns
+    def __init__(self, state: PolicyState) -> None:
+        self.state = state
+        self.config = state.config
+        self._gather_max_ns = state.config.gather_max_ns
 
     def weigh(self, device: DeviceState, start_ns: int, now_ns: int) -> list[Choice]:
         """Each waiting model's ``best_batch`` here (those it finds), in model order (sorted: runs
@@ -73,9 +56,9 @@ class BatchPlanner:
         estimates the smallest size is also the cheapest, so such a queue runs at that size if at
         all, read here from its estimate. The other queues go the general way."""
         choices = []
-        loading, queues = device.loading, self._queues
+        loading, queues = device.loading, self.state.queues
         kind = device.kind
-        kept, estimates = self._shapes.of_kind(kind), self._shapes.estimates
+        kept, estimates = self.state.shapes.of_kind(kind), self.state.shapes.estimates
         lone = self.config.monotone_estimates
         for model in sorted(device.waiting):
             if model in loading:
@@ -115,12 +98,12 @@ class BatchPlanner:
         if self._gather_max_ns is None or choice.skip:
             return None
         model = choice.model
-        queue = self._queues[model]
+        queue = self.state.queues[model]
         n = queue.count
-        table, least = self._shapes.estimates(model, device.kind)
+        table, least = self.state.shapes.estimates(model, device.kind)
         if choice.n_requests < n or n >= table[-1][0]:
             return None
-        expected_per_ns = self._admission.arrivals_per_ns(model, now_ns) / len(self._residency.holding(model))
+        expected_per_ns = self.state.demand.arrivals_per_ns(model, now_ns) / len(self.state.residency.holding(model))
         if expected_per_ns * least < 1.0:  # ``saved`` is at most the least estimate: most batches end here
             return None
         saved = least_work(table, n) + least - least_work(table, n + 1)
@@ -137,7 +120,7 @@ class BatchPlanner:
         """The largest batch of ``model`` that meets its most urgent deadline here, with its slack."""
         if model in device.loading:
             return None  # planned when the load reports: an infer must never race its own load
-        queue = self._queues[model]
+        queue = self.state.queues[model]
         head = queue.head()
         # A batch that fits here proves the head feasible (this device holds the model, ready by
         # ``start_ns``): only when none fits is it worth asking every holder (``feasible_head``).
@@ -152,7 +135,7 @@ class BatchPlanner:
         self, device: DeviceState, queue: ModelQueue, head: Request | None, start_ns: int, now_ns: int
     ) -> Choice | None:
         """``best_batch`` once no batch for the head fits here: for the most urgent request some holder can serve."""
-        feasible = self._feasible_head(queue, now_ns)
+        feasible = self.state.feasible_head(queue, now_ns)
         if feasible is None or feasible is head:
             return None
         choice = self._batch_within(device, queue, feasible, start_ns, feasible.deadline_ns)
@@ -162,7 +145,7 @@ class BatchPlanner:
 
     def _whole(self, queue: ModelQueue, choice: Choice) -> bool:
         """Does ``choice`` take as much of the queue as one batch can?"""
-        return choice.n_requests >= min(queue.count, self._shapes.sizes(queue.model)[-1])
+        return choice.n_requests >= min(queue.count, self.state.shapes.sizes(queue.model)[-1])
 
     def _keep_backlog_whole(self, device: DeviceState, queue: ModelQueue, start_ns: int, choice: Choice) -> Choice:
         """Keep a backlog's batches whole. When the most urgent request only allows a part of the
@@ -170,7 +153,7 @@ class BatchPlanner:
         batch of the model short (the collapse of deadline order under overload). Instead run the
         largest batch that fits from the first request whose deadline allows it; the requests
         passed over stay queued (another device may serve them) and expire if none can."""
-        model, shapes = queue.model, self._shapes
+        model, shapes = queue.model, self.state.shapes
         largest = shapes.sizes(model)[-1]
         if self._whole(queue, choice):
             return choice
@@ -201,21 +184,13 @@ class BatchPlanner:
         Room for one request is not enough: with many holders each would serve only its head, and
         a hot model's backlog would run in batches of one or two on every holder, the lanes full
         and the queue expiring (the Azure sample's x30 burst: 500-800 misses on 4 of 7 seeds)."""
-        room = 0
-        for other in self._residency.holding(model):
+        room, shapes = 0, self.state.shapes
+        for other in self.state.residency.holding(model):
             free = after_ns if other is device else max(start_ns, other.exec_lane.free_ns, other.ready_ns[model])
-            room += self.largest_batch_by(model, other.kind, free, finish_by_ns)
+            room += shapes.largest_batch_by(model, other.kind, free, finish_by_ns)
             if room >= rest:
                 return True
         return False
-
-    def largest_batch_by(self, model: str, kind: str, start_ns: int, finish_by_ns: int) -> int:
-        """The largest batch size of ``model`` that, started at ``start_ns``, ends by ``finish_by_ns``; 0 if
-        none does."""
-        for size, exec_ns in reversed(self._shapes.estimates(model, kind)[0]):
-            if start_ns + exec_ns <= finish_by_ns:
-                return size
-        return 0
 
     def _batch_within(
         self, device: DeviceState, queue: ModelQueue, head: Request, start_ns: int, finish_by_ns: int
@@ -223,7 +198,7 @@ class BatchPlanner:
         """The largest batch of ``queue``'s model starting at ``start_ns`` that ends by ``finish_by_ns``;
         ``head`` is the queue's most urgent request."""
         model, kind = queue.model, device.kind
-        table, fastest = self._shapes.estimates(model, kind)
+        table, fastest = self.state.shapes.estimates(model, kind)
         latest_end = finish_by_ns - start_ns
         if latest_end < fastest:
             return None  # no size fits (the common answer on a booked lane)
@@ -243,7 +218,7 @@ class BatchPlanner:
 
     def batch_within_head(self, device: DeviceState, model: str, start_ns: int, finish_by_ns: int) -> Choice | None:
         """``_batch_within`` for ``model``'s queue and its head."""
-        queue = self._queues[model]
+        queue = self.state.queues[model]
         head = queue.head()
         return None if head is None else self._batch_within(device, queue, head, start_ns, finish_by_ns)
 
@@ -251,7 +226,7 @@ class BatchPlanner:
     def trade_off(self, device: DeviceState, chosen: Choice, choices: list[Choice], now_ns: int) -> Choice:
         """What to run instead of the least-slack batch, when the candidates cannot all be served.
         A model within its share keeps deadline order against models over theirs (isolation)."""
-        over_share = self._admission.over_share
+        over_share = self.state.demand.over_share
         chosen_over = over_share(chosen.model, device, now_ns)
         if (
             self.config.efficient_when_contended
@@ -282,22 +257,22 @@ class BatchPlanner:
     def _efficiency(self, choice: Choice, duration_ns: int, kind: str) -> float:
         """The batch's throughput as a share of its model's best (full batches of the largest size):
         a slow model's full batch is as good a use of the lane as a fast model's."""
-        largest = self._shapes.sizes(choice.model)[-1]
-        best_per_request = self._shapes.exec_ns(choice.model, largest, kind) / largest
+        largest = self.state.shapes.sizes(choice.model)[-1]
+        best_per_request = self.state.shapes.exec_ns(choice.model, largest, kind) / largest
         return choice.n_requests * best_per_request / max(1, duration_ns)
 
     def _spare_the_next(self, device: DeviceState, chosen: Choice, choices: list[Choice], now_ns: int) -> Choice:
         """One step of lookahead that Clockwork's bump lacks: if the least-slack batch would
         end too late for the next most urgent model, run that model first when the chosen
         one can afford the wait, else shrink the chosen batch so both make it."""
-        kind, fastest_ns = device.kind, self._shapes.fastest_ns
+        kind, fastest_ns = device.kind, self.state.shapes.fastest_ns
         chosen_ns = chosen.exec_ns
         others = [c for c in choices if c.model != chosen.model]
         urgent = min(others, key=lambda c: c.deadline_ns - fastest_ns(c.model, kind))
         urgent_latest_start = urgent.deadline_ns - fastest_ns(urgent.model, kind)
         if chosen.start_ns + chosen_ns <= urgent_latest_start:
             return chosen
-        if self.config.lookahead_within_share and self._admission.over_share(urgent.model, device, now_ns):
+        if self.config.lookahead_within_share and self.state.demand.over_share(urgent.model, device, now_ns):
             return chosen  # lookahead protects models within their share, not one over-share model from another
         finish_by = min(urgent.deadline_ns, chosen.deadline_ns - chosen_ns)
         first = self.batch_within_head(device, urgent.model, urgent.start_ns, finish_by)

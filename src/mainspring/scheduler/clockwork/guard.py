@@ -26,10 +26,9 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from mainspring.scheduler.clockwork.admission import Admission
-from mainspring.scheduler.clockwork.residency import Residency
-from mainspring.scheduler.clockwork.shapes import BatchShapes
-from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.clockwork.batching import BatchPlanner, Choice
+from mainspring.scheduler.clockwork.state import PolicyState
+from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.time import NS_PER_S, ms_to_ns
 
 REFRESH_NS = ms_to_ns(50)  # rates decay over a second: a plan a few tens of ms old is as good
@@ -50,24 +49,15 @@ class GuardPlan:
 NO_PLAN = GuardPlan({}, frozenset())
 
 
-class TightGuard:
+class TightClassGuard:
     """Which models are tight, which devices stay responsive for them, and the cap on a batch there."""
 
-    def __init__(
-        self,
-        residency: Residency,
-        shapes: BatchShapes,
-        admission: Admission,
-        margin_ns: int,
-        utilization: float,
-        room: int,
-    ) -> None:
-        self._residency = residency
-        self._shapes = shapes
-        self._admission = admission
-        self._margin_ns = margin_ns
-        self._utilization = utilization
-        self._room = room
+    def __init__(self, state: PolicyState) -> None:
+        self.state = state
+        config = state.config
+        self._margin_ns = config.deadline_margin_ns
+        self._utilization = config.guard_utilization
+        self._room = config.guard_room
         self._slo_of: dict[str, int] = {}
         self._slos = Counter[int]()  # models per SLO: one SLO for all (the common case) is one check
         self._plan = NO_PLAN
@@ -118,7 +108,7 @@ class TightGuard:
         if device.spec.device not in plan.responsive:
             return None
         own_slo = self._slo_of.get(model, 0)
-        single = self._shapes.fastest_ns(model, device.kind)
+        single = self.state.shapes.fastest_ns(model, device.kind)
         cap: int | None = None
         for tight, (slack_ns, wait_ns) in plan.tight.items():
             if own_slo < CLASS_RATIO * self._slo_of[tight] or tight not in device.ready_ns:
@@ -142,13 +132,50 @@ class TightGuard:
             return None
         return cap - max(0, start_ns - now_ns)  # a tight request arriving now waits for what is booked, too
 
+    def allow(
+        self, device: DeviceState, chosen: Choice, choices: list[Choice], now_ns: int, batches: BatchPlanner
+    ) -> tuple[Choice | None, int]:
+        """What of ``chosen`` may run on ``device``: cut to the cap, or else the next most urgent of
+        ``choices`` the cap lets run (None: run nothing yet); and when to look again (``NEVER``: no
+        need), where the lane's booking is what stops a batch-1 inference."""
+        wake_ns = NEVER
+        allowed, wake = self._cut(device, chosen, now_ns, batches)
+        wake_ns = min(wake_ns, wake)
+        if allowed is None:
+            for other in sorted(choices):
+                if other is chosen:
+                    continue
+                allowed, wake = self._cut(device, other, now_ns, batches)
+                wake_ns = min(wake_ns, wake)
+                if allowed is not None:
+                    break
+        return allowed, wake_ns
+
+    def _cut(
+        self, device: DeviceState, chosen: Choice, now_ns: int, batches: BatchPlanner
+    ) -> tuple[Choice | None, int]:
+        """``chosen`` cut to what the cap allows on ``device`` (None: run nothing yet), and when a batch-1
+        inference would fit if the lane's booking is what stops it (else ``NEVER``)."""
+        cap = self.cap_ns(device, chosen.model, chosen.start_ns, now_ns)
+        if cap is None or chosen.exec_ns <= cap:
+            return chosen, NEVER
+        single = self.state.shapes.fastest_ns(chosen.model, device.kind)
+        if cap < single:
+            if cap + max(0, chosen.start_ns - now_ns) >= single:
+                return None, now_ns + single - cap
+            return None, NEVER
+        if chosen.skip:  # a backlog kept whole: not cut from another head
+            return None, NEVER
+        smaller = batches.batch_within_head(device, chosen.model, chosen.start_ns, chosen.start_ns + cap)
+        return (smaller if smaller is not None and smaller.slack_ns >= 0 else None), NEVER
+
     def _held_elsewhere(self, model: str, responsive: frozenset[int]) -> bool:
-        return any(d not in responsive for d in self._residency.holders.get(model, ()))
+        return any(d not in responsive for d in self.state.residency.holders.get(model, ()))
 
     def homeless(self, now_ns: int) -> list[tuple[str, frozenset[int]]]:
         """Tight models, with the responsive devices that do not hold them yet."""
         plan = self.plan(now_ns)
-        holders = self._residency.holders
+        holders = self.state.residency.holders
         wanted = []
         for model in sorted(plan.tight):
             if model not in self._slo_of:
@@ -159,14 +186,14 @@ class TightGuard:
         return wanted
 
     def _work_out(self, now_ns: int) -> GuardPlan:
-        rate = self._admission.arrivals_per_ns
+        rate = self.state.demand.arrivals_per_ns
         active = {m: slo for m, slo in self._slo_of.items() if rate(m, now_ns) > ACTIVE_PER_NS}
         if len(set(active.values())) < 2:
             return NO_PLAN
-        kinds = self._residency.kinds
+        kinds = self.state.residency.kinds
 
         def fastest(model: str) -> int:  # on the fastest kind: where the tight class is best served
-            return min(self._shapes.fastest_ns(model, k) for k in kinds)
+            return min(self.state.shapes.fastest_ns(model, k) for k in kinds)
 
         by_slo = sorted(active.items(), key=lambda item: (-item[1], item[0]))
         longest_so_far, longest = 0, []  # the longest batch among models with at least this SLO
@@ -187,7 +214,7 @@ class TightGuard:
         if not tight:
             return NO_PLAN
         work = sum(rate(m, now_ns) * fastest(m) for m in tight)
-        devices = self._residency.devices
+        devices = self.state.residency.devices
         count = min(len(devices), max(1, math.ceil(work / self._utilization)))
         previous = self._plan.responsive
 
@@ -199,4 +226,30 @@ class TightGuard:
         return GuardPlan(tight, responsive)
 
     def _longest_ns(self, model: str, kind: str) -> int:
-        return self._shapes.exec_ns(model, self._shapes.sizes(model)[-1], kind)
+        return self.state.shapes.exec_ns(model, self.state.shapes.sizes(model)[-1], kind)
+
+
+class NoTightClassGuard:
+    """The guard switched off (``guard_tight=false``): no model is tight, every batch runs whole."""
+
+    guarding = False
+
+    def saw(self, model: str, slo_ns: int) -> None:
+        pass
+
+    def forget(self, model: str) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def plan(self, now_ns: int) -> GuardPlan:
+        return NO_PLAN
+
+    def homeless(self, now_ns: int) -> list[tuple[str, frozenset[int]]]:
+        return []
+
+    def allow(
+        self, device: DeviceState, chosen: Choice, choices: list[Choice], now_ns: int, batches: BatchPlanner
+    ) -> tuple[Choice | None, int]:
+        return chosen, NEVER

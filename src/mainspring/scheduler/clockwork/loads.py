@@ -1,13 +1,13 @@
 """Cold starts and replicas: which model to load where, and what to evict for it.
 
 Candidates come in tiers (``Tier``), loaded in that order on every device whose load
-lane frees within the horizon (ahead of them all, the tight models ``TightGuard`` wants on a
+lane frees within the horizon (ahead of them all, the tight models ``TightClassGuard`` wants on a
 responsive device that lacks them):
 
 1. ``COLD``: queued models held nowhere, the most urgent (latest possible load start) first;
    each stands for requests that cannot be served at all without it.
 2. ``SPILL``: held models with requests admitted because a new replica could serve them
-   in time (``Admission.needs_replica``), the most urgent first.
+   in time (``RecentDemand.needs_replica``), the most urgent first.
 3. ``TURNED_AWAY``: models held nowhere whose requests were rejected at arrival (they could
    not wait for a load); loaded when memory is idle so later requests find them, busiest first.
 4. ``REPLICA``: held models whose demand their holders cannot serve, by load priority
@@ -21,27 +21,19 @@ asked for more than all of its time serves each of its models proportionally les
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from mainspring.scheduler.base import Decisions
-from mainspring.scheduler.clockwork.admission import Admission
-from mainspring.scheduler.clockwork.config import ClockworkConfig
-from mainspring.scheduler.clockwork.guard import TightGuard
-from mainspring.scheduler.clockwork.queues import RequestQueues
-from mainspring.scheduler.clockwork.residency import Residency
-from mainspring.scheduler.clockwork.shapes import BatchShapes
+from mainspring.scheduler.clockwork.evictions import Evictions
+from mainspring.scheduler.clockwork.guard import NoTightClassGuard, TightClassGuard
+from mainspring.scheduler.clockwork.state import PolicyState
 from mainspring.scheduler.clockwork.tier_order import TierOrder
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.time import ms_to_ns
 
-LoadIssuer = Callable[[DeviceState, str, list[str], int, Decisions], None]
+PlannedLoad = tuple[DeviceState, str, list[str]]  # the device, the model to load there, the models to evict
 Tiers = list[tuple["Tier", list[tuple[int, str]]]]  # each tier's (sort key, model) entries, in load order
-PageCount = Callable[[str, DeviceState], int]
 
 
-# Evictions weigh popularity among this many least recently used candidates: bounded work per
-# eviction where a device holds hundreds of models (a V100); a smaller pool is weighed whole.
-EVICTION_SAMPLE = 32
 FULL_MARGIN = 1e-9  # far above the rounding of a sum of device shares taken in another order
 
 
@@ -55,28 +47,17 @@ class Tier(enum.IntEnum):
 class LoadPlanner:
     """Plans loads (with the evictions they need) on devices whose load lane is nearly free."""
 
-    def __init__(
-        self,
-        config: ClockworkConfig,
-        residency: Residency,
-        queues: RequestQueues,
-        shapes: BatchShapes,
-        admission: Admission,
-        pages: PageCount,
-        guard: TightGuard | None = None,
-    ) -> None:
-        self.config = config
+    def __init__(self, state: PolicyState, evictions: Evictions, guard: TightClassGuard | NoTightClassGuard) -> None:
+        self.state = state
+        self.config = state.config
+        self._evictions = evictions
         self._guard = guard
-        self._residency = residency
-        self._queues = queues
-        self._shapes = shapes
-        self._admission = admission
-        self._pages = pages
+        state.queue_closed_listeners.append(self.queue_closed)
         self.turned_away: set[str] = set()  # models held nowhere whose requests were rejected
         self._latest_start: dict[str, tuple[int, int]] = {}  # model -> (head request, latest load start)
         self._last_replication_check_ns = -NEVER
-        self._cold = TierOrder(residency.cold, queues, self._latest_load_start)
-        self._spill = TierOrder(admission.needs_replica, queues, self._latest_load_start)
+        self._cold = TierOrder(state.residency.cold, state.queues, self._latest_load_start)
+        self._spill = TierOrder(state.demand.needs_replica, state.queues, self._latest_load_start)
 
     def forget(self, model: str) -> None:
         self.turned_away.discard(model)
@@ -89,15 +70,17 @@ class LoadPlanner:
 
     @property
     def wanted(self) -> bool:
-        return bool(self._queues or self.turned_away or (self._guard is not None and self._guard.guarding))
+        return bool(self.state.queues or self.turned_away or self._guard.guarding)
 
-    def plan(self, now_ns: int, decisions: Decisions, issue: LoadIssuer) -> None:
-        """On every device whose load lane frees within the horizon, load the model most in need."""
+    def plan(self, now_ns: int) -> Iterator[PlannedLoad]:
+        """On every device whose load lane frees within the horizon, the model most in need: each load
+        (device, model, the models to evict for it) is yielded to be issued before the next is planned,
+        as an issued load changes what the next device sees."""
         limit = now_ns + self.config.horizon_ns
-        due = self._residency.load_due
+        due = self.state.residency.load_due
         if not due.any_due(limit):
             return
-        homeless = [] if self._guard is None else self._guard.homeless(now_ns)
+        homeless = self._guard.homeless(now_ns)
         tiers, device_load = self._candidates(now_ns, lambda: due.due(limit))
         if not homeless and not any(entries for _, entries in tiers):
             return  # the common pass: nothing to load, and the free devices never listed
@@ -105,36 +88,38 @@ class LoadPlanner:
         free.sort(key=lambda d: d.load_lane.free_ns)
         issued: dict[Tier, set[str]] = {}  # per tier, the models loaded this pass (a model may stand in two tiers)
         for device in free:
-            if homeless and self._guard_home(device, homeless, now_ns, decisions, issue):
+            home = self._guard_home(device, homeless, now_ns) if homeless else None
+            if home is not None:
+                i, model, victims = home
+                yield device, model, victims
+                homeless[i] = (model, homeless[i][1] - {device.spec.device})
                 continue
-            self._load_one(device, tiers, issued, device_load, now_ns, decisions, issue)
+            found = self._load_one(device, tiers, issued, device_load, now_ns)
+            if found is not None:
+                tier, model, victims = found
+                yield device, model, victims
+                self.state.demand.needs_replica.discard(model)
+                issued.setdefault(tier, set()).add(model)
 
     def _guard_home(
-        self,
-        device: DeviceState,
-        homeless: list[tuple[str, frozenset[int]]],
-        now_ns: int,
-        decisions: Decisions,
-        issue: LoadIssuer,
-    ) -> bool:
-        """Load on ``device``, if it is a responsive device without one, a tight model (``TightGuard``):
-        ahead of every tier, as each tight request that finds no responsive holder may wait behind a
-        full batch. Only while the tight models take at most half the device's pages, and evicting only
-        models that are neither queued nor tight (the guard's loads never evict one another)."""
-        assert self._guard is not None
+        self, device: DeviceState, homeless: list[tuple[str, frozenset[int]]], now_ns: int
+    ) -> tuple[int, str, list[str]] | None:
+        """The tight model (``TightClassGuard``) to load on ``device``, if it is a responsive device
+        without one, with its place in ``homeless`` and its victims: ahead of every tier, as each tight
+        request that finds no responsive holder may wait behind a full batch. Only while the tight
+        models take at most half the device's pages, and evicting only models that are neither queued
+        nor tight (the guard's loads never evict one another)."""
         tight = self._guard.plan(now_ns).tight.keys()
-        if 2 * sum(self._pages(model, device) for model in tight) > device.spec.total_pages:
-            return False
+        if 2 * sum(self.state.pages_on(model, device) for model in tight) > device.spec.total_pages:
+            return None
         for i, (model, missing) in enumerate(homeless):
             if device.spec.device not in missing or device.holds(model):
                 continue
-            victims = self.eviction_victims(device, model, idle_only=True, now_ns=now_ns)
+            victims = self._evictions.victims(device, model, idle_only=True, now_ns=now_ns)
             if victims is None or any(victim in tight for victim in victims):
                 continue
-            issue(device, model, victims, now_ns, decisions)
-            homeless[i] = (model, missing - {device.spec.device})
-            return True
-        return False
+            return i, model, victims
+        return None
 
     def _load_one(
         self,
@@ -143,10 +128,8 @@ class LoadPlanner:
         issued: dict[Tier, set[str]],
         device_load: dict[int, float],
         now_ns: int,
-        decisions: Decisions,
-        issue: LoadIssuer,
-    ) -> None:
-        """Load on ``device`` the first candidate, in load order, that it can take."""
+    ) -> tuple[Tier, str, list[str]] | None:
+        """The first candidate, in load order, that ``device`` can take, with its tier and victims."""
         for tier, entries in tiers:
             taken = issued.get(tier, ())
             for _, model in entries:  # mostly held by the device or unable to help: read in place, not copied
@@ -154,27 +137,25 @@ class LoadPlanner:
                     continue
                 if tier is Tier.REPLICA and device_load.get(device.spec.device, 0.0) >= 1.0:
                     continue
-                queued = model in self._queues
+                queued = model in self.state.queues
                 if queued and not self._can_help(device, model, now_ns):
                     continue
                 idle_only = tier in (Tier.TURNED_AWAY, Tier.REPLICA) or not queued
-                victims = self.eviction_victims(device, model, idle_only=idle_only, now_ns=now_ns)
+                victims = self._evictions.victims(device, model, idle_only=idle_only, now_ns=now_ns)
                 if victims is None:
                     continue
-                issue(device, model, victims, now_ns, decisions)
-                self._admission.needs_replica.discard(model)
-                issued.setdefault(tier, set()).add(model)
-                return
+                return tier, model, victims
+        return None
 
     def _candidates(self, now_ns: int, free: Callable[[], list[DeviceState]]) -> tuple[Tiers, dict[int, float]]:
         """Every model worth loading on the devices ``free`` lists, tier by tier in load order, and the
         demand on each device (for replicas; only then are the devices listed)."""
         tiers = self._urgent()
-        kind = self._residency.kinds[0]
-        turned_away = sorted((-int(1e9 * self._admission.model_demand(m, now_ns, kind)), m) for m in self.turned_away)
+        kind = self.state.residency.kinds[0]
+        turned_away = sorted((-int(1e9 * self.state.demand.model_demand(m, now_ns, kind)), m) for m in self.turned_away)
         tiers.append((Tier.TURNED_AWAY, turned_away))
         device_load: dict[int, float] = {}
-        if len(self._residency.devices) == 1:
+        if len(self.state.residency.devices) == 1:
             return tiers, device_load  # a replica needs a second device: no demand to weigh
         if now_ns - self._last_replication_check_ns >= ms_to_ns(self.config.replication_check_ms):
             self._last_replication_check_ns = now_ns
@@ -182,14 +163,15 @@ class LoadPlanner:
                 return tiers, device_load
             priorities, device_load = self.load_priorities(now_ns)
             threshold = self.config.replica_min_demand
-            ranked = sorted((-p, m) for m, p in priorities.items() if p >= threshold and m in self._residency.holders)
+            holders = self.state.residency.holders
+            ranked = sorted((-p, m) for m, p in priorities.items() if p >= threshold and m in holders)
             tiers.append((Tier.REPLICA, [(rank, model) for rank, (_, model) in enumerate(ranked)]))
         return tiers, device_load
 
     def _urgent(self) -> Tiers:
         """The ``COLD`` and ``SPILL`` tiers, in load order (``TierOrder``'s lists themselves: nothing
         changes them until the next call)."""
-        head_moved = self._queues.head_moved
+        head_moved = self.state.queues.head_moved
         self._cold.update(head_moved)
         self._spill.update(head_moved)
         head_moved.clear()
@@ -198,14 +180,15 @@ class LoadPlanner:
     def _latest_load_start(self, model: str) -> int:
         """Latest time a load of ``model`` may start and still serve its most urgent request
         (on the fastest kind). Cached per head request: the tiers are ordered by it (``TierOrder``)."""
-        head = self._queues[model].head()
+        head = self.state.queues[model].head()
         if head is None:
             return NEVER
         cached = self._latest_start.get(model)
         if cached is not None and cached[0] == head.id:
             return cached[1]
-        estimator = self._shapes.estimator
-        need = min(estimator.load_ns(model, k) + self._shapes.fastest_ns(model, k) for k in self._residency.kinds)
+        shapes = self.state.shapes
+        estimator = shapes.estimator
+        need = min(estimator.load_ns(model, k) + shapes.fastest_ns(model, k) for k in self.state.residency.kinds)
         latest = head.deadline_ns - need
         self._latest_start[model] = (head.id, latest)
         return latest
@@ -218,11 +201,11 @@ class LoadPlanner:
         A device asked for more than all of its time (demand above 1.0) serves each of
         its models proportionally less, so their priorities turn positive.
         """
-        residency = self._residency
+        residency = self.state.residency
         device_load = {d.spec.device: d.demand.value(now_ns) for d in residency.devices}
         kind = residency.kinds[0]
-        models = self._queues.models()
-        wanted = self._admission.model_demands(models, now_ns, kind)
+        models = self.state.queues.models()
+        wanted = self.state.demand.model_demands(models, now_ns, kind)
         priorities = self._minus_served(wanted, device_load)
         if self.config.queue_demand:
             queued = {model: self.queue_demand(model, now_ns) for model in models}
@@ -246,7 +229,7 @@ class LoadPlanner:
                 continue
             if not self.config.queue_demand:
                 return True
-            holders = self._residency.holders
+            holders = self.state.residency.holders
             queued = sum(self.queue_demand(model, now_ns) / len(holders[model]) for model in device.waiting)
             if queued < 1.0 + FULL_MARGIN:
                 return True
@@ -254,7 +237,7 @@ class LoadPlanner:
 
     def _minus_served(self, wanted: dict[str, float], device_load: dict[int, float]) -> dict[str, float]:
         priorities = {}
-        all_holders = self._residency.holders
+        all_holders = self.state.residency.holders
         for model, demand in wanted.items():
             holders = all_holders.get(model, ())
             if len(holders) == 1:  # most models: the sum of one term, without the generator
@@ -267,67 +250,21 @@ class LoadPlanner:
 
     def queue_demand(self, model: str, now_ns: int) -> float:
         """Share of one device the queued requests of a model need before their deadlines."""
-        queue = self._queues[model]
+        queue = self.state.queues[model]
         head = queue.head()
         if head is None:
             return 0.0
-        batch = self._shapes.padded(model, min(queue.count, self._shapes.sizes(model)[-1]))
-        kind = self._residency.kinds[0]
-        per_request = self._shapes.exec_ns(model, batch, kind) / batch
+        batch = self.state.shapes.padded(model, min(queue.count, self.state.shapes.sizes(model)[-1]))
+        kind = self.state.residency.kinds[0]
+        per_request = self.state.shapes.exec_ns(model, batch, kind) / batch
         slack = max((head.deadline_ns + queue.max_deadline_ns) / 2 - now_ns, per_request)
         return queue.count * per_request / slack
 
     # --- placement ------------------------------------------------------------------------------
     def _can_help(self, device: DeviceState, model: str, now_ns: int) -> bool:
         """Would a load started now on ``device`` finish in time for any queued request?"""
-        estimator = self._shapes.estimator
+        estimator = self.state.shapes.estimator
         ready = max(now_ns, device.load_lane.free_ns) + estimator.load_ns(model, device.kind)
         start = max(ready, device.exec_lane.free_ns)
-        finish = start + self._shapes.fastest_ns(model, device.kind)
-        return finish <= self._queues[model].max_deadline_ns
-
-    def eviction_victims(
-        self, device: DeviceState, model: str, idle_only: bool = False, now_ns: int | None = None
-    ) -> list[str] | None:
-        """Models to evict so that ``model`` fits: ones without queued demand first, then (unless
-        ``idle_only``) any; never one with work in flight. Within each, the least recently used
-        first; given ``now_ns`` (and ``evict_by_popularity``), the least popular of the
-        ``EVICTION_SAMPLE`` least recently used first. None if impossible."""
-        need = self._pages(model, device)
-        if device.free_pages >= need:
-            return []
-        if need > device.spec.total_pages:
-            return None
-        freed = device.free_pages
-        victims: list[str] = []
-        self._admission.pool_filled()
-        at = now_ns if self.config.evict_by_popularity else None
-        sample = 0 if at is None else EVICTION_SAMPLE
-        for idle_pass in (True,) if idle_only else (True, False):
-            candidates = self._evictable(device, idle_pass, victims, need - freed, sample)
-            if at is not None:
-                popularity = self._admission.popularity
-                candidates.sort(key=lambda held: popularity(held, at))  # stable: ties stay in LRU order
-            for held in candidates:
-                if freed >= need:
-                    return victims
-                victims.append(held)
-                freed += self._pages(held, device)
-        return victims if freed >= need else None
-
-    def _evictable(self, device: DeviceState, idle_only: bool, taken: list[str], need: int, at_least: int) -> list[str]:
-        """Models ``device`` may evict, least recently used first, until they free ``need`` pages and
-        number ``at_least``."""
-        found: list[str] = []
-        pages = 0
-        for held in device.last_used:
-            if pages >= need and len(found) >= at_least:
-                break
-            if held in device.pinned or held in taken or (idle_only and held in self._queues):
-                continue
-            held_pages = self._pages(held, device)
-            if not held_pages:  # a model without weights: evicting it frees nothing
-                continue
-            found.append(held)
-            pages += held_pages
-        return found
+        finish = start + self.state.shapes.fastest_ns(model, device.kind)
+        return finish <= self.state.queues[model].max_deadline_ns

@@ -5,7 +5,7 @@ randomness would come from the injected generator. A request is admitted or reje
 arrival (``Admission``) and queued per model (``RequestQueues``). One pass of ``schedule``:
 ``_expire`` (reject what can no longer make it), ``_plan_infers`` on each device whose exec
 lane frees within the horizon (which batch runs next is ``BatchPlanner``'s choice, cut where
-``TightGuard`` keeps a device responsive for a tighter class), the strand
+``TightClassGuard`` keeps a device responsive for a tighter class), the strand
 check (``StrandCheck``: requests stuck behind other models ask for a replica), then
 ``LoadPlanner.plan`` for models that need a device. Where weights are, and which results are
 stale, is ``Residency``'s business.
@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import (
-    CPU_KIND,
     Action,
     ActionResult,
     ActionStatus,
@@ -35,13 +34,12 @@ from mainspring.scheduler.clockwork.admission import Admission
 from mainspring.scheduler.clockwork.batching import BatchPlanner, Choice
 from mainspring.scheduler.clockwork.config import ClockworkConfig
 from mainspring.scheduler.clockwork.due import always
-from mainspring.scheduler.clockwork.estimator import STALE_FACTOR, Estimator
+from mainspring.scheduler.clockwork.estimator import STALE_FACTOR
+from mainspring.scheduler.clockwork.evictions import Evictions
 from mainspring.scheduler.clockwork.forecast import lane_forecast
-from mainspring.scheduler.clockwork.guard import TightGuard
+from mainspring.scheduler.clockwork.guard import NoTightClassGuard, TightClassGuard
 from mainspring.scheduler.clockwork.loads import LoadPlanner
-from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
-from mainspring.scheduler.clockwork.residency import Residency
-from mainspring.scheduler.clockwork.shapes import BatchShapes
+from mainspring.scheduler.clockwork.state import PolicyState
 from mainspring.scheduler.clockwork.strands import StrandCheck
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
 from mainspring.scheduler.common import PolicyBookkeeping
@@ -76,73 +74,41 @@ class ClockworkScheduler(PolicyBookkeeping):
         super().__init__(profiles)
         self.config = config = config or ClockworkConfig()
         self.rng = rng or random.Random(0)
-        self.estimator = self._estimator(config.estimate_percentile_cpu)
-        self.shapes = BatchShapes(self.profiles, self.estimator, config.max_batch_size, config.monotone_estimates)
-        self.judged = self.shapes  # what admission judges by: its own with ``admission_percentile_cpu``
-        if config.admission_percentile_cpu is not None:
-            judge = self._estimator(config.admission_percentile_cpu)
-            self.estimator.feed(judge)
-            self.judged = BatchShapes(self.profiles, judge, config.max_batch_size, config.monotone_estimates)
-        self.residency = Residency(list(devices), ms_to_ns(config.rate_memory_ms))
-        self.queues = RequestQueues()
-        self.admission = Admission(config, self.residency, self.queues, self.judged, self._idle_victims)
+        self.state = state = PolicyState(self.profiles, devices, config, self.pages_of)
+        self.estimator, self.shapes, self.judged = state.estimator, state.shapes, state.judged
+        self.residency, self.queues = state.residency, state.queues
+        evictions = Evictions(state)
+        self.admission = Admission(state, evictions)
+        self.guard = TightClassGuard(state) if config.guard_tight else NoTightClassGuard()
+        self.loads = LoadPlanner(state, evictions, self.guard)
+        self.batches = BatchPlanner(state)
+        self.strands = StrandCheck(state)
+        self.estimator.watch(self.strands.estimates_changed)
         self.horizon_ns = config.horizon_ns
         self._slack_ns = config.window_slack_ns
         self._margin_ns = config.deadline_margin_ns
-        self.guard: TightGuard | None = None
-        if config.guard_tight:
-            self.guard = TightGuard(
-                self.residency,
-                self.shapes,
-                self.admission,
-                self._margin_ns,
-                config.guard_utilization,
-                config.guard_room,
-            )
-        self.loads = LoadPlanner(
-            config, self.residency, self.queues, self.shapes, self.admission, self._pages_on, self.guard
-        )
         self._in_flight: dict[int, _Flight] = {}
-        self.batches = BatchPlanner(
-            config, self.residency, self.queues, self.shapes, self.admission, self._feasible_head
-        )
-        self.strands = StrandCheck(self.residency, self.queues, self.admission, self.batches.largest_batch_by)
-        self.estimator.watch(self.strands.estimates_changed)
         self._measured_ns: dict[str, int] = {}  # per model: its smallest batch's last measurement or probe
         self._probes: list[Infer] = []  # issued by ``on_request``, handed out by the next ``schedule``
         self._gather_until = NEVER  # this pass: the first moment a device stops waiting to fill a batch
         self._hold_weightless()
 
-    def _estimator(self, cpu_percentile: float) -> Estimator:
-        config = self.config
-        max_age = None if config.estimate_max_age_s is None else ms_to_ns(config.estimate_max_age_s * 1000)
-        suspect = None if config.probe_after_ms is None else ms_to_ns(config.probe_after_ms)
-        return Estimator(
-            self.profiles,
-            config.estimate_window,
-            config.estimate_percentile,
-            max_age_ns=max_age,
-            kind_percentiles={CPU_KIND: cpu_percentile},
-            suspect_age_ns=suspect,
-        )
-
     # --- the contract ------------------------------------------------------------
     def on_request(self, request: Request, now_ns: int) -> None:
         if self._refuse_unservable(request, (d.spec for d in self.residency.devices)):
             return
-        if self.guard is not None:
-            self.guard.saw(request.model, request.slo_ns)
+        self.guard.saw(request.model, request.slo_ns)
         if self._margin_ns:  # from here on its deadline is when its result must be ready: computed once
             request = replace(request, deadline_ns=request.deadline_ns - self._margin_ns)
         self.estimator.expire(now_ns)
         model = request.model
         if self.config.demand_counts_rejected:
-            self.admission.record(model, now_ns)
+            self.state.demand.record(model, now_ns)
         refusal = self.admission.rejection(request, now_ns)
         if refusal is None:
             if not self.config.demand_counts_rejected:
-                self.admission.record(model, now_ns)
-            self._enqueue(request)
+                self.state.demand.record(model, now_ns)
+            self.state.enqueue(request)
             return
         if not refusal.overloaded and self._probe(request, now_ns):
             return
@@ -181,7 +147,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         if self.config.spill_after is not None:
             self.strands.spill(now_ns, self.config.spill_after)
         if self.loads.wanted:
-            self.loads.plan(now_ns, decisions, self._issue_load)
+            for device, model, victims in self.loads.plan(now_ns):
+                self._issue_load(device, model, victims, now_ns, decisions)
         decisions.responses = self._take_responses()
         decisions.wakeup_ns = self._next_wakeup(now_ns)
         return decisions
@@ -189,8 +156,7 @@ class ClockworkScheduler(PolicyBookkeeping):
     # --- membership (devices and models that come and go) ------------------------------
     def add_device(self, spec: DeviceSpec) -> None:
         self.residency.add_device(spec)
-        if self.guard is not None:
-            self.guard.reset()
+        self.guard.reset()
         device = self.residency.device(spec.device)
         for model, pages in self.adoptable(spec):
             self.residency.hold(device, model, 0, pages)  # usable now; least recently used
@@ -200,10 +166,9 @@ class ClockworkScheduler(PolicyBookkeeping):
             self.residency.hold(device, model, 0, 0)
 
     def remove_device(self, device: int, now_ns: int) -> None:
-        if self.guard is not None:
-            self.guard.reset()
+        self.guard.reset()
         gone = self.residency.device(device)
-        self.residency.remove_device(device, {m: self._pages_on(m, gone) for m in gone.ready_ns})
+        self.residency.remove_device(device, {m: self.state.pages_on(m, gone) for m in gone.ready_ns})
         lost: list[Request] = []
         for action_id, flight in list(self._in_flight.items()):
             if flight.action.device == device:
@@ -215,9 +180,9 @@ class ClockworkScheduler(PolicyBookkeeping):
             if not self.residency.devices:
                 self._answer(request, Outcome.NO_WORKER, "no worker is connected")
             elif request.model in self.profiles and (
-                now_ns + self._fastest_anywhere(request.model) <= request.deadline_ns
+                now_ns + self.state.fastest_anywhere(request.model) <= request.deadline_ns
             ):
-                self._enqueue(request)
+                self.state.enqueue(request)
             else:
                 reason = f"worker of device {device} was lost; the deadline cannot be met"
                 self._answer(request, Outcome.WORKER_LOST, reason)
@@ -238,18 +203,17 @@ class ClockworkScheduler(PolicyBookkeeping):
         reason = f"model {model!r} was unloaded"
         for request in self.queues.take_all(model):
             self._answer(request, Outcome.MODEL_UNLOADED, reason)
-        self._close_if_empty(model)
+        self.state.close_if_empty(model)
         for flight in self._in_flight.values():
             if flight.action.model == model and isinstance(flight.action, Infer):
                 for request in flight.requests:
                     self._answer(request, Outcome.MODEL_UNLOADED, reason)
                 flight.requests = []
         for device in self.residency.devices:
-            self.residency.release(device, model, self._pages_on(model, device))
-        for part in (self.loads, self.admission, self.shapes, self.judged, self.estimator):  # judged may be shapes
+            self.residency.release(device, model, self.state.pages_on(model, device))
+        for part in (self.loads, self.state.demand, self.shapes, self.judged, self.estimator):  # judged may be shapes
             part.forget(model)
-        if self.guard is not None:
-            self.guard.forget(model)
+        self.guard.forget(model)
         self._measured_ns.pop(model, None)
         self._forget_model(model)
 
@@ -257,38 +221,25 @@ class ClockworkScheduler(PolicyBookkeeping):
         for model in self.queues.models():
             for request in self.queues.take_all(model):
                 self._answer(request, outcome, reason)
-            self._close_if_empty(model)
+            self.state.close_if_empty(model)
         for flight in self._in_flight.values():
             for request in flight.requests:
                 self._answer(request, outcome, reason)
             flight.requests = []
 
     # --- queues ---------------------------------------------------------------------------
-    def _enqueue(self, request: Request) -> None:
-        """Queue ``request`` until the last moment its fastest batch could start on any device."""
-        expires = request.deadline_ns - self._fastest_anywhere(request.model) + 1
-        after = self.config.spill_after
-        strands = None if after is None else request.arrival_ns + int(after * request.slo_ns) + 1
-        if self.queues.push(request, expires, strands):
-            self.residency.queue_opened(request.model)
-
     def _expire(self, now_ns: int) -> None:
         """Reject queued requests that no device could now finish in time."""
         for request in self.queues.expired(now_ns):
-            self._reject_expired(request, now_ns)
-            self._close_if_empty(request.model)
+            self.state.give_up(request, now_ns)
+            self.state.close_if_empty(request.model)
+        self._answer_given_up()
 
-    def _reject_expired(self, request: Request, now_ns: int) -> None:
-        self._answer(request, Outcome.EXPIRED_IN_QUEUE, "deadline can no longer be met")
-        holders = self.residency.holding(request.model)
-        for device in holders:
-            device.expired.add(1.0 / len(holders), now_ns)
-
-    def _close_if_empty(self, model: str) -> None:
-        if self.queues.close_if_empty(model):
-            self.residency.queue_closed(model)
-            self.loads.queue_closed(model)
-            self.admission.needs_replica.discard(model)
+    def _answer_given_up(self) -> None:
+        """Answer the requests the state gave up on (``PolicyState.give_up``), in that order: before any
+        later answer, so the responses keep the order they were decided in."""
+        for request in self.state.take_given_up():
+            self._answer(request, Outcome.EXPIRED_IN_QUEUE, "deadline can no longer be met")
 
     # --- inference planning -----------------------------------------------------------
     def _plan_infers(self, device: DeviceState, now_ns: int, decisions: Decisions) -> None:
@@ -301,6 +252,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             if device.loading and device.waiting <= device.loading:
                 return  # each is planned when its load reports (``BatchPlanner.best_batch``); due every pass till then
             choices = self.batches.weigh(device, lane_start, now_ns)
+            self._answer_given_up()  # heads no holder could serve any more (``PolicyState.feasible_head``)
             if not choices:
                 return
             chosen = min(choices)
@@ -311,58 +263,12 @@ class ClockworkScheduler(PolicyBookkeeping):
                 if gather_until is not None:
                     self._gather_until = min(self._gather_until, gather_until)
                     return
-            if self.guard is not None:
-                guarded = self._guarded(device, chosen, now_ns)
-                if guarded is None:  # the next most urgent the guard lets run here, if any
-                    others = (self._guarded(device, c, now_ns) for c in sorted(choices) if c is not chosen)
-                    guarded = next((g for g in others if g is not None), None)
-                if guarded is None:
-                    return
-                chosen = guarded
+            allowed, wake_ns = self.guard.allow(device, chosen, choices, now_ns, self.batches)
+            self._gather_until = min(self._gather_until, wake_ns)
+            if allowed is None:
+                return
+            chosen = allowed
             self._issue_infer(device, chosen, now_ns, decisions)
-
-    def _guarded(self, device: DeviceState, chosen: Choice, now_ns: int) -> Choice | None:
-        """``chosen`` cut to what ``TightGuard`` allows on ``device`` (None: run nothing yet; if the
-        lane's booking is what stops it, wake when a batch-1 inference would fit)."""
-        assert self.guard is not None
-        cap = self.guard.cap_ns(device, chosen.model, chosen.start_ns, now_ns)
-        if cap is None or chosen.exec_ns <= cap:
-            return chosen
-        single = self.shapes.fastest_ns(chosen.model, device.kind)
-        if cap < single:
-            if cap + max(0, chosen.start_ns - now_ns) >= single:
-                self._gather_until = min(self._gather_until, now_ns + single - cap)
-            return None
-        if chosen.skip:  # a backlog kept whole: not cut from another head
-            return None
-        smaller = self.batches.batch_within_head(device, chosen.model, chosen.start_ns, chosen.start_ns + cap)
-        return smaller if smaller is not None and smaller.slack_ns >= 0 else None
-
-    def _feasible_head(self, queue: ModelQueue, now_ns: int) -> Request | None:
-        """The most urgent request that some holder can still serve; rejects the ones none can."""
-        while True:
-            head = queue.head()
-            if head is None:
-                self._close_if_empty(queue.model)
-                return None
-            if self._earliest_completion(queue.model, now_ns) <= head.deadline_ns:
-                return head
-            queue.pop()
-            self._reject_expired(head, now_ns)
-
-    def _earliest_completion(self, model: str, now_ns: int) -> int:
-        """Best case over devices: on a holder as soon as its lane frees, else after a cold load."""
-        best = NEVER
-        kind, fastest = "", 0  # holders are mostly of one kind: estimate once per run of a kind
-        for d in self.residency.holding(model):
-            if d.kind != kind:
-                kind, fastest = d.kind, self.shapes.fastest_ns(model, d.kind)
-            best = min(best, max(now_ns, d.exec_lane.free_ns, d.ready_ns[model]) + fastest)
-        if best == NEVER:
-            for d in self.residency.devices:
-                ready = max(now_ns, d.load_lane.free_ns) + self.estimator.load_ns(model, d.kind)
-                best = min(best, max(ready, d.exec_lane.free_ns) + self.shapes.fastest_ns(model, d.kind))
-        return best
 
     def _issue_infer(self, device: DeviceState, choice: Choice, now_ns: int, decisions: Decisions) -> None:
         model, start = choice.model, choice.start_ns
@@ -376,7 +282,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         earliest = now_ns if self.config.start_early else start
         action = self._dispatch_infer(device, batch, choice.batch_size, (earliest, start, latest), expected, now_ns)
         decisions.actions.append(action)
-        self._close_if_empty(model)
+        self.state.close_if_empty(model)
 
     def _dispatch_infer(
         self,
@@ -464,9 +370,10 @@ class ClockworkScheduler(PolicyBookkeeping):
                 self._answer(request, Outcome.INFERENCE_FAILED, f"inference failed: {result.message}")
             return
         if result.status is ActionStatus.NOT_RESIDENT and current:
-            self.residency.release(device, action.model, self._pages_on(action.model, device))  # believe the worker
+            pages = self.state.pages_on(action.model, device)
+            self.residency.release(device, action.model, pages)  # believe the worker
         for request in batch:  # refused: back to the queue; expiry rejects what cannot make it
-            self._enqueue(request)
+            self.state.enqueue(request)
 
     def _load_done(self, action: LoadWeights, result: ActionResult, device: DeviceState) -> None:
         model = action.model
@@ -475,11 +382,11 @@ class ClockworkScheduler(PolicyBookkeeping):
             self.estimator.observe_load(model, device.kind, result.timing.duration_ns, result.timing.end_ns)
             self.residency.loaded(device, model, result.timing.end_ns)
             return
-        self.residency.release(device, model, self._pages_on(model, device))
+        self.residency.release(device, model, self.state.pages_on(model, device))
         if result.status is ActionStatus.ERROR and model not in self.residency.holders and model in self.queues:
             for request in self.queues.take_all(model):
                 self._answer(request, Outcome.LOAD_FAILED, f"loading {model} failed: {result.message}")
-            self._close_if_empty(model)
+            self.state.close_if_empty(model)
 
     # --- loads (planned by ``LoadPlanner``) ---------------------------------------------------
     def _issue_load(
@@ -487,7 +394,7 @@ class ClockworkScheduler(PolicyBookkeeping):
     ) -> None:
         start = max(now_ns, device.load_lane.free_ns)
         for victim in victims:
-            self.residency.release(device, victim, self._pages_on(victim, device))
+            self.residency.release(device, victim, self.state.pages_on(victim, device))
             evict = EvictWeights(
                 action_id=self._new_action_id(),
                 device=device.spec.device,
@@ -509,10 +416,10 @@ class ClockworkScheduler(PolicyBookkeeping):
             expected_duration_ns=expected,
         )
         ready = device.load_lane.plan(load.action_id, start, expected)
-        pages = self._pages_on(model, device)
+        pages = self.state.pages_on(model, device)
         generation = self.residency.hold(device, model, ready, pages)
         if device.free_pages < pages:  # the next such load needs an eviction
-            self.admission.pool_filled()
+            self.state.demand.pool_filled()
         self.loads.turned_away.discard(model)
         device.loading.add(model)
         device.pin(model)
@@ -533,12 +440,3 @@ class ClockworkScheduler(PolicyBookkeeping):
             if free_ns < best + self.horizon_ns:
                 best = free_ns - self.horizon_ns
         return None if best == NEVER else best
-
-    def _fastest_anywhere(self, model: str) -> int:
-        return min(self.shapes.fastest_ns(model, kind) for kind in self.residency.kinds)
-
-    def _pages_on(self, model: str, device: DeviceState) -> int:
-        return self.pages_of(model, device.spec)
-
-    def _idle_victims(self, device: DeviceState, model: str) -> list[str] | None:
-        return self.loads.eviction_victims(device, model, idle_only=True)

@@ -112,6 +112,14 @@ class BatchShapes:
                 return exec_ns
         return self.estimator.exec_ns(model, size, kind)
 
+    def largest_batch_by(self, model: str, kind: str, start_ns: int, finish_by_ns: int) -> int:
+        """The largest batch size of ``model`` that, started at ``start_ns``, ends by ``finish_by_ns``; 0 if
+        none does."""
+        for size, exec_ns in reversed(self.estimates(model, kind)[0]):
+            if start_ns + exec_ns <= finish_by_ns:
+                return size
+        return 0
+
     def work_ns(self, model: str, count: int, kind: str) -> int:
         """Exec time of ``count`` requests in the least lane time, as the planner serves them
         (``split_padding``): 5 requests as a batch of 4 and one of 1 where a batch of 8 would take longer."""

@@ -1,35 +1,26 @@
 """Stranded requests ask for a replica: the check the policy runs on every pass (``spill_after``).
 
 A request that has waited ``spill_after`` of its SLO behind other models' batches on a busy
-holder marks its model for a new replica (``Admission.needs_replica``); the load planner places
+holder marks its model for a new replica (``RecentDemand.needs_replica``); the load planner places
 it on a device with an idle lane, if in time. Models whose replicas on the way already cover
 their queue are set aside (``SettledStrands``) until that could change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from mainspring.protocol import Request
-from mainspring.scheduler.clockwork.admission import Admission
-from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
-from mainspring.scheduler.clockwork.residency import Residency
+from mainspring.scheduler.clockwork.queues import ModelQueue
 from mainspring.scheduler.clockwork.settled import SettledStrands
+from mainspring.scheduler.clockwork.state import PolicyState
 from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
-
-LargestBatchBy = Callable[[str, str, int, int], int]  # model, kind, start, finish by -> batch size (0: none)
 
 
 class StrandCheck:
     """The stranded models, the ones still to check, and the ones set aside."""
 
-    def __init__(
-        self, residency: Residency, queues: RequestQueues, admission: Admission, largest_batch_by: LargestBatchBy
-    ) -> None:
-        self._residency = residency
-        self._queues = queues
-        self._needs_replica = admission.needs_replica
-        self._largest_batch_by = largest_batch_by
+    def __init__(self, state: PolicyState) -> None:
+        self.state = state
+        self._needs_replica = state.demand.needs_replica
         self.stranded: set[str] = set()  # models whose oldest request waited past ``spill_after``
         self._active: set[str] = set()  # of those, the ones to check (``spill``)
         self._settled = SettledStrands()  # stranded models replicas on the way cover, until that could change
@@ -41,26 +32,26 @@ class StrandCheck:
         from 2 to 1,196 misses), but only for models with such a request: a heap of strand times
         finds them, so the cost does not grow with the devices' waiting models."""
         stranded, active, settled = self.stranded, self._active, self._settled
-        needs_replica, cold = self._needs_replica, self._residency.cold
+        needs_replica, cold = self._needs_replica, self.state.residency.cold
         # Skipped until that changes: models waiting for their replica, cold ones (no holder to be
         # stranded behind; their load is planned anyway), and ones the replicas on the way cover.
         # ``active`` holds the rest (and some of those, dropped when reached; kept by ``take_changes``):
         # taking the difference of the sets on every pass cost as much as the checks (hundreds of
         # parked models at 150 devices).
-        for model in self._queues.newly_stranded(now_ns):
+        for model in self.state.queues.newly_stranded(now_ns):
             stranded.add(model)
             active.add(model)
         for model in list(active):
             if model in needs_replica or model in cold or model in settled.models:
                 active.discard(model)
                 continue
-            queue = self._queues.get(model)
+            queue = self.state.queues.get(model)
             head = None if queue is None else queue.head()
             if queue is None or head is None or now_ns - head.arrival_ns <= after * head.slo_ns:
                 stranded.discard(model)  # its stranded requests left; later ones have their own strand time
                 active.discard(model)
                 continue
-            holders = self._residency.holding(model)
+            holders = self.state.residency.holding(model)
             if self._replicas_on_the_way_cover(model, queue, head, holders, now_ns):
                 continue  # they may serve the stranded requests: not one more replica per pass
             if any(device.exec_lane.free_ns > now_ns for device in holders):
@@ -78,7 +69,7 @@ class StrandCheck:
         for device in holders:
             if model in device.loading:
                 free_ns = max(device.exec_lane.free_ns, device.ready_ns[model])
-                room += self._largest_batch_by(model, device.kind, max(now_ns, free_ns), head.deadline_ns)
+                room += self.state.shapes.largest_batch_by(model, device.kind, max(now_ns, free_ns), head.deadline_ns)
                 counted.append(device.spec.device)
                 until = min(until, free_ns)
                 if room >= count:
@@ -89,7 +80,7 @@ class StrandCheck:
 
     def take_changes(self, now_ns: int) -> None:
         """Hand what changed since the last pass to ``SettledStrands`` and to the strand check."""
-        queues, residency, settled = self._queues, self._residency, self._settled
+        queues, residency, settled = self.state.queues, self.state.residency, self._settled
         if settled.models:
             settled.unsettle(queues.changed)
             settled.unsettle(residency.changed)

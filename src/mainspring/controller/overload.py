@@ -6,13 +6,9 @@ which is cheap, instead of queued, which would make every pass slower until noth
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import Callable
 
 from mainspring.time import NS_PER_S
-
-log = logging.getLogger(__name__)
 
 LAG_TICK_S = 0.005
 
@@ -23,8 +19,6 @@ class OverloadGuard:
         self.max_outstanding_bytes = max_outstanding_bytes
         self.max_loop_lag_ns = max_loop_lag_ns
         self.loop_lag_ns = 0  # how late a 5 ms timer wakes, held two ticks in a row, decaying by half every 100 ms
-        # Called on every tick of that timer (every 5 ms once it runs): a cell's load signal.
-        self.tick_listeners: list[Callable[[], None]] = []
         self._bytes_of: dict[int, int] = {}  # request id -> its input bytes
         self._open_bytes = 0
         self._monitor: asyncio.Task[None] | None = None
@@ -71,9 +65,3 @@ class OverloadGuard:
             elapsed = time.monotonic_ns() - begin
             late, previous = min(elapsed - period_ns, previous), elapsed - period_ns
             self.loop_lag_ns = round(max(late, self.loop_lag_ns * 0.5 ** (elapsed / 100e6)))
-            for listener in list(self.tick_listeners):
-                try:
-                    listener()
-                except Exception:  # one listener's bug must not stop the guard: it is dropped
-                    log.exception("a tick listener failed; it is called no more")
-                    self.tick_listeners.remove(listener)

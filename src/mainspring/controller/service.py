@@ -377,7 +377,7 @@ class ControllerService:
         deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
         while self.controller.outstanding and self.clock.now_ns() < deadline:
             await asyncio.sleep(0.01)
-        self.guard.stop()  # after the drain: its tick carries a cell's signal, which says the cell still lives
+        self.guard.stop()
         left = self.controller.shutdown("the server is shutting down")
         for handle in self.connected.handles:
             handle.close("controller shutting down")

@@ -26,8 +26,10 @@ import msgspec
 
 from mainspring.frontend.cells_port import CellsPort
 from mainspring.frontend.process import TOKEN_ENV
+from mainspring.serving.cell import CellRole
 from mainspring.serving.config import ServeConfig
-from mainspring.serving.server import EXITED, CellRole, LocalWorker, run_server
+from mainspring.serving.server import run_server
+from mainspring.serving.supervision import EXITED, LocalWorker
 from mainspring.transport.security import SECRET_ENV
 
 log = logging.getLogger("mainspring.serve")

@@ -24,13 +24,12 @@ import math
 import time
 from collections.abc import Sequence
 
+from mainspring.cells.placement import CELL_DEVICES
 from mainspring.models.profile import ModelProfile, builtin_profiles, model_copies
 from mainspring.sim.cells import CellsConfig
 from mainspring.sim.run import SimulationConfig, SimulationResult, simulate
 from mainspring.time import NS_PER_S, s_to_ns
 from mainspring.workload import PoissonOpenLoop
-
-CELL_DEVICES = 16
 
 
 def device_capacity_rps(profiles: Sequence[ModelProfile]) -> float:

@@ -21,6 +21,7 @@ import math
 
 from common import markdown_table, parser, policies_from, pyplot, run_policy, save_plot, write_section
 
+from mainspring.cells.placement import CELL_DEVICES
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.sim.cells import CellsConfig
 from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
@@ -29,7 +30,6 @@ from mainspring.workload import AzureTrace
 
 POLICIES = ("clockwork", "infer5-5ms", "infer4", "triton")  # the authors ran INFER5, schedule-ahead 5 ms
 PER_DEVICE_SCALE = 25.0  # x100 keeps 6 devices ~67% busy at this mix: ~x25 per device fills one
-CELL_DEVICES = 16
 
 
 def peak_goodput(result: SimulationResult, window_s: int = 5) -> float:

@@ -19,6 +19,9 @@ from mainspring.models.profile import ModelProfile
 from mainspring.time import NS_PER_S
 
 Placement = dict[str, tuple[int, ...]]  # model -> the cells that serve it, sorted
+# A cell's devices at most, by default (serve sizes its cells by it, plan splits by it): what one
+# controller core keeps up with (docs/sizing.md).
+CELL_DEVICES = 16
 TIE = 1e-9  # fills this close are equal: sums added in another order must not decide a move
 
 

@@ -6,15 +6,9 @@ import argparse
 import copy
 import json
 import math
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from mainspring.cells.placement import Placement, demand_of
-from mainspring.cells.placement import plan as place
-from mainspring.cells.planner import capacity_of_specs
+from mainspring.cells.placement import CELL_DEVICES, Placement
 from mainspring.cli.values import (
     MAX_DEVICES,
     MAX_SCALE_FACTOR,
@@ -39,20 +33,18 @@ from mainspring.cli.workload import (
     workload_from,
 )
 from mainspring.models.profile import ModelProfile
-from mainspring.protocol.devices import DeviceSpec
 from mainspring.protocol.pages import MIB
 from mainspring.protocol.requests import slo_problem
 from mainspring.scheduler.registry import parse_policies
-from mainspring.sim.cells import split_devices
-from mainspring.sim.plan import Plan, PlanError, PlanPoint, check, plan
+from mainspring.sim.plan import Plan, PlanError, PlanPoint, cells_of_plan, check, plan
 from mainspring.sim.run import SimulationConfig, generate_arrivals
+from mainspring.telemetry.plots import plot_plan
 from mainspring.time import ms_to_ns, s_to_ns
 from mainspring.worker.runtimes.emulated import NoiseModel
 from mainspring.workload import Workload
 from mainspring.workload.base import MAX_ARRIVALS
 
 GIB = 1024 * MIB
-CELL_DEVICES = 16  # a cell's devices at most, by default: what one controller core keeps up with (docs/sizing.md)
 
 
 def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -116,7 +108,7 @@ def run_plan(args: argparse.Namespace) -> int:
         document = result.to_json() | {"placement": cells, "what_if": {k: v.to_json() for k, v in what_if}}
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     if args.plot is not None:
-        _plot(result, args.plot)
+        plot_plan(result, args.plot)
     return 0 if result.devices is not None else 1
 
 
@@ -165,23 +157,7 @@ def _plan_once(
                       _print_point if verbose else None, arrivals)  # fmt: skip
     except PlanError as error:
         raise CliError(str(error)) from None
-    if result.devices is None or result.pool_bytes is None:
-        return result, {}
-    seconds = config.duration_ns / 1e9
-    rates = {model: count / seconds for model, count in Counter(a.model for a in arrivals).items()}
-    specs = replace(config, devices=result.devices, pool_bytes=result.pool_bytes).device_specs()
-    return result, placement(profiles, rates, specs, args.cell_devices)
-
-
-def placement(
-    profiles: Sequence[ModelProfile], rates: dict[str, float], specs: list[DeviceSpec], cell_devices: int
-) -> Placement:
-    """The cells of at most ``cell_devices`` that the devices make, as even as can be (as ``simulate
-    --cells`` splits them), and which serve each model (the cells' placement planner, on the rates the
-    workload asked for)."""
-    groups = split_devices(specs, math.ceil(len(specs) / cell_devices))
-    cells = [capacity_of_specs(i, group) for i, group in enumerate(groups)]
-    return place(cells, [demand_of(p, rates.get(p.model, 0.0)) for p in profiles])
+    return result, cells_of_plan(result, profiles, config, arrivals, args.cell_devices)
 
 
 def _with(args: argparse.Namespace, **changes: object) -> argparse.Namespace:
@@ -198,36 +174,6 @@ def _scaled(args: argparse.Namespace, factor: float) -> argparse.Namespace:
     if args.workload == "closed":
         return _with(args, clients=max(1, round(args.clients * factor)))
     return _with(args, rate=args.rate * factor)
-
-
-def _plot(result: Plan, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    full = max((p.pool_bytes for p in result.points), default=0)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    panels: list[tuple[Any, list[PlanPoint], Callable[[PlanPoint], float]]] = [
-        (left, [p for p in result.points if p.pool_bytes == full], lambda p: p.devices),
-        (right, [p for p in result.points if p.devices == result.devices], lambda p: p.pool_bytes / GIB),
-    ]
-    for axis, points, x_of in panels:
-        for complete, style in ((True, {"marker": "o"}), (False, {"marker": "v", "linestyle": "none"})):
-            chosen = sorted((x_of(p), p.attainment) for p in points if p.complete is complete)
-            if chosen:
-                label = "simulated" if complete else "stopped early: at most"
-                axis.plot(*zip(*chosen, strict=True), label=label, **style)
-        axis.axhline(result.target, linestyle=":", color="grey")
-        axis.set_ylabel("within SLO")
-        if points:
-            axis.legend(loc="lower right")
-    left.set_xlabel(f"devices (pool {full / GIB:g} GiB each)")
-    planned = "no plan" if result.devices is None else _devices(result.devices)
-    right.set_xlabel(f"pool per device (GiB), {planned}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def _print_point(point: PlanPoint) -> None:

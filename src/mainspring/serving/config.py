@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from mainspring.cells.placement import CELL_DEVICES
 from mainspring.frontend.limits import RequestLimits
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB
@@ -27,7 +28,6 @@ ENV_PREFIX = "MAINSPRING_"
 CLOCKWORK_ENV_PREFIX = f"{ENV_PREFIX}CLOCKWORK_"  # MAINSPRING_CLOCKWORK_ESTIMATE_PERCENTILE=90
 DEFAULT_ZOO = ("resnet18", "mobilenetv2", "bert_tiny", "mlp")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-CELL_DEVICES = 16  # devices per cell when ``cells`` is sized to the machine (docs/sizing.md)
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,10 @@ from typing import Any
 
 import msgspec
 
+from mainspring.cells.placement import CELL_DEVICES
 from mainspring.frontend.cells_port import CellsPort
 from mainspring.frontend.process import TOKEN_ENV
-from mainspring.serving.config import CELL_DEVICES, ServeConfig
+from mainspring.serving.config import ServeConfig
 from mainspring.serving.local_cells import SECRET_FIELDS, CellSpec
 from mainspring.serving.ray_placement import RayPlacer, RayWorkers
 from mainspring.serving.server import run_server

@@ -22,10 +22,15 @@ bound, which is all the search needs. The margin's points are run to the end.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
+from mainspring.cells.placement import Placement, demand_of
+from mainspring.cells.placement import plan as place
+from mainspring.cells.planner import capacity_of_specs
 from mainspring.models.profile import ModelProfile
+from mainspring.sim.cells import split_devices
 from mainspring.sim.run import SimulationConfig, generate_arrivals, simulate
 from mainspring.workload import Arrival, Workload
 
@@ -258,3 +263,23 @@ def check(profiles: Sequence[ModelProfile], config: SimulationConfig, target: fl
             f"--device-memory-gib {config.pool_bytes / 2**30:g} holds no copy of the largest model "
             f"({largest / 2**30:.2f} GiB)"
         )
+
+
+def cells_of_plan(
+    result: Plan,
+    profiles: Sequence[ModelProfile],
+    config: SimulationConfig,
+    arrivals: Sequence[Arrival],
+    cell_devices: int,
+) -> Placement:
+    """Which cells serve each model on the planned devices and pool ({} without a plan): the cells of at
+    most ``cell_devices`` the devices make, as even as can be (as ``simulate --cells`` splits them),
+    placed by the cells' planner on the rates ``arrivals`` asked for."""
+    if result.devices is None or result.pool_bytes is None:
+        return {}
+    seconds = config.duration_ns / 1e9
+    rates = {model: count / seconds for model, count in Counter(a.model for a in arrivals).items()}
+    specs = replace(config, devices=result.devices, pool_bytes=result.pool_bytes).device_specs()
+    groups = split_devices(specs, math.ceil(len(specs) / cell_devices))
+    cells = [capacity_of_specs(i, group) for i, group in enumerate(groups)]
+    return place(cells, [demand_of(p, rates.get(p.model, 0.0)) for p in profiles])

@@ -1,9 +1,11 @@
-"""PNG plots of one or more runs: latency CDF tail, goodput and latency over time."""
+"""PNG plots of one or more runs (latency CDF tail, goodput and latency over time), and of a plan's
+search (attainment against devices and against pool size)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -71,3 +73,62 @@ def write_plots(runs: Mapping[str, Recorder], directory: Path, slo_ms: float | N
     fig.savefig(time_path, dpi=110)
     plt.close(fig)
     return [cdf_path, time_path]
+
+
+GIB = 1024**3
+
+
+class PlannedPoint(Protocol):
+    """What the plan plot reads of a simulated point (``sim/plan.py``'s ``PlanPoint``)."""
+
+    @property
+    def devices(self) -> int: ...
+    @property
+    def pool_bytes(self) -> int: ...
+    @property
+    def attainment(self) -> float: ...
+    @property
+    def complete(self) -> bool: ...
+
+
+class PlanSearch(Protocol):
+    """What the plan plot reads of a plan (``sim/plan.py``'s ``Plan``)."""
+
+    @property
+    def points(self) -> Sequence[PlannedPoint]: ...
+    @property
+    def target(self) -> float: ...
+    @property
+    def devices(self) -> int | None: ...
+
+
+def plot_plan(result: PlanSearch, path: Path) -> None:
+    """Attainment against devices (at the full pool) and against pool size (at the planned devices),
+    points stopped early marked as the bounds they are."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    full = max((p.pool_bytes for p in result.points), default=0)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    panels: list[tuple[Any, list[PlannedPoint], Callable[[PlannedPoint], float]]] = [
+        (left, [p for p in result.points if p.pool_bytes == full], lambda p: p.devices),
+        (right, [p for p in result.points if p.devices == result.devices], lambda p: p.pool_bytes / GIB),
+    ]
+    for axis, points, x_of in panels:
+        for complete, style in ((True, {"marker": "o"}), (False, {"marker": "v", "linestyle": "none"})):
+            chosen = sorted((x_of(p), p.attainment) for p in points if p.complete is complete)
+            if chosen:
+                label = "simulated" if complete else "stopped early: at most"
+                axis.plot(*zip(*chosen, strict=True), label=label, **style)
+        axis.axhline(result.target, linestyle=":", color="grey")
+        axis.set_ylabel("within SLO")
+        if points:
+            axis.legend(loc="lower right")
+    left.set_xlabel(f"devices (pool {full / GIB:g} GiB each)")
+    planned = "no plan" if result.devices is None else f"{result.devices} device" + "s" * (result.devices != 1)
+    right.set_xlabel(f"pool per device (GiB), {planned}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -4,7 +4,7 @@ from collections import deque
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mainspring.scheduler.clockwork.estimator import DecayingRate, Estimator, RollingPercentile
+from mainspring.scheduler.estimator import DecayingRate, Estimator, RollingPercentile
 from tests.fakes import profile
 
 PROFILES = {"a": profile("a"), "b": profile("b")}  # batch 1: 2 ms; load 5 ms

@@ -25,7 +25,8 @@ from mainspring.scheduler.clockwork.loads import LoadPlanner, Tier, Tiers
 from mainspring.scheduler.clockwork.queues import ModelQueue
 from mainspring.scheduler.clockwork.shapes import BatchShapes
 from mainspring.scheduler.clockwork.strands import StrandCheck
-from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.lanes import NEVER
 from mainspring.scheduler.timed import TimedScheduler
 from mainspring.sim.run import SimulationConfig, simulate
 from mainspring.time import NS_PER_S, ms_to_ns

@@ -17,7 +17,8 @@ from typing import NamedTuple
 from mainspring.protocol import Request
 from mainspring.scheduler.clockwork.evictions import Evictions
 from mainspring.scheduler.clockwork.state import PolicyState
-from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.lanes import NEVER
 from mainspring.time import ms_to_ns, ns_to_ms
 
 PROTECT_CACHE_NS = ms_to_ns(1)  # how long a device's fair water level is reused

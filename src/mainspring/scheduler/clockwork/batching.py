@@ -16,7 +16,8 @@ from mainspring.protocol import Request
 from mainspring.scheduler.clockwork.queues import ModelQueue
 from mainspring.scheduler.clockwork.shapes import cheapest_in, first_of_split, least_work
 from mainspring.scheduler.clockwork.state import PolicyState
-from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.lanes import NEVER
 
 SHEDDING_SHARE = 0.1  # a device is shedding load once this share of its recent requests expired in queue
 

@@ -5,11 +5,11 @@ read it (``PolicyState.demand``); the policy records each arrival."""
 from __future__ import annotations
 
 from mainspring.scheduler.clockwork.config import ClockworkConfig
-from mainspring.scheduler.clockwork.estimator import DecayingRate
 from mainspring.scheduler.clockwork.residency import Residency
 from mainspring.scheduler.clockwork.shapes import BatchShapes
 from mainspring.scheduler.clockwork.tier_order import WatchedSet
 from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.estimator import DecayingRate
 from mainspring.time import ms_to_ns
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState, LaneTracker
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.lanes import NEVER, LaneTracker
 
 
 def always(device: DeviceState) -> bool:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from mainspring.scheduler.clockwork.batching import BatchPlanner, Choice
 from mainspring.scheduler.clockwork.state import PolicyState
-from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.lanes import NEVER
 from mainspring.time import NS_PER_S, ms_to_ns
 
 REFRESH_NS = ms_to_ns(50)  # rates decay over a second: a plan a few tens of ms old is as good

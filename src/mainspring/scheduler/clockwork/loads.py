@@ -27,7 +27,8 @@ from mainspring.scheduler.clockwork.evictions import Evictions
 from mainspring.scheduler.clockwork.guard import NoTightClassGuard, TightClassGuard
 from mainspring.scheduler.clockwork.state import PolicyState
 from mainspring.scheduler.clockwork.tier_order import TierOrder
-from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.lanes import NEVER
 from mainspring.time import ms_to_ns
 
 PlannedLoad = tuple[DeviceState, str, list[str]]  # the device, the model to load there, the models to evict

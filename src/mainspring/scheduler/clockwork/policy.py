@@ -34,15 +34,16 @@ from mainspring.scheduler.clockwork.admission import Admission
 from mainspring.scheduler.clockwork.batching import BatchPlanner, Choice
 from mainspring.scheduler.clockwork.config import ClockworkConfig
 from mainspring.scheduler.clockwork.due import always
-from mainspring.scheduler.clockwork.estimator import STALE_FACTOR
 from mainspring.scheduler.clockwork.evictions import Evictions
 from mainspring.scheduler.clockwork.forecast import lane_forecast
 from mainspring.scheduler.clockwork.guard import NoTightClassGuard, TightClassGuard
 from mainspring.scheduler.clockwork.loads import LoadPlanner
 from mainspring.scheduler.clockwork.state import PolicyState
 from mainspring.scheduler.clockwork.strands import StrandCheck
-from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
+from mainspring.scheduler.clockwork.tracker import DeviceState
 from mainspring.scheduler.common import PolicyBookkeeping
+from mainspring.scheduler.estimator import STALE_FACTOR
+from mainspring.scheduler.lanes import NEVER
 from mainspring.time import NS_PER_S, ms_to_ns
 
 EVICT_WINDOW_NS = 3600 * NS_PER_S  # an eviction is safe whenever it runs

@@ -12,7 +12,8 @@ from functools import partial
 from mainspring.protocol import DeviceSpec
 from mainspring.scheduler.clockwork.due import DueDevices, always
 from mainspring.scheduler.clockwork.tier_order import WatchedSet
-from mainspring.scheduler.clockwork.tracker import DeviceState, LaneTracker
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.lanes import LaneTracker
 
 
 def _exec_lane(device: DeviceState) -> LaneTracker:

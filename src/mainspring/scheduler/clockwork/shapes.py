@@ -6,8 +6,8 @@ import functools
 from collections.abc import Mapping
 
 from mainspring.models.profile import ModelProfile
-from mainspring.scheduler.clockwork.estimator import Estimator
-from mainspring.scheduler.clockwork.tracker import NEVER
+from mainspring.scheduler.estimator import Estimator
+from mainspring.scheduler.lanes import NEVER
 
 Estimates = tuple[tuple[tuple[int, int], ...], int]  # a model's (size, estimate) table and its least estimate
 

@@ -17,11 +17,12 @@ from mainspring.models.profile import ModelProfile
 from mainspring.protocol import CPU_KIND, DeviceSpec, Request
 from mainspring.scheduler.clockwork.config import ClockworkConfig
 from mainspring.scheduler.clockwork.demand import RecentDemand
-from mainspring.scheduler.clockwork.estimator import Estimator
 from mainspring.scheduler.clockwork.queues import ModelQueue, RequestQueues
 from mainspring.scheduler.clockwork.residency import Residency
 from mainspring.scheduler.clockwork.shapes import BatchShapes
-from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.estimator import Estimator
+from mainspring.scheduler.lanes import NEVER
 from mainspring.time import ms_to_ns
 
 PageCount = Callable[[str, DeviceSpec], int]  # pages a model occupies on a device of this spec

@@ -12,7 +12,8 @@ from mainspring.protocol import Request
 from mainspring.scheduler.clockwork.queues import ModelQueue
 from mainspring.scheduler.clockwork.settled import SettledStrands
 from mainspring.scheduler.clockwork.state import PolicyState
-from mainspring.scheduler.clockwork.tracker import NEVER, DeviceState
+from mainspring.scheduler.clockwork.tracker import DeviceState
+from mainspring.scheduler.lanes import NEVER
 
 
 class StrandCheck:

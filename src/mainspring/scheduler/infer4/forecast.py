@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 
 from mainspring.models.profile import ModelProfile
 from mainspring.scheduler.base import Forecast
-from mainspring.scheduler.clockwork.estimator import Estimator
+from mainspring.scheduler.estimator import Estimator
 
 if TYPE_CHECKING:
-    from mainspring.scheduler.infer4.policy import _Device
+    from mainspring.scheduler.infer4.policy import Infer4Device
 
 
 def device_forecast(
-    devices: Iterable[_Device],
+    devices: Iterable[Infer4Device],
     estimator: Estimator,
     profiles: Mapping[str, ModelProfile],
     models: Iterable[str],

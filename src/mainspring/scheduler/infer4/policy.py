@@ -46,11 +46,11 @@ from mainspring.protocol import (
     Request,
 )
 from mainspring.scheduler.base import Decisions, Forecast
-from mainspring.scheduler.clockwork.estimator import Estimator
-from mainspring.scheduler.clockwork.tracker import NEVER, LaneTracker
 from mainspring.scheduler.common import PolicyBookkeeping
+from mainspring.scheduler.estimator import Estimator
 from mainspring.scheduler.infer4.demand import Demand, LoadTracker
 from mainspring.scheduler.infer4.forecast import device_forecast
+from mainspring.scheduler.lanes import NEVER, LaneTracker
 from mainspring.time import NS_PER_MS, NS_PER_S
 
 BUFFER_NS = 5 * NS_PER_MS  # aim this much before the deadline
@@ -64,7 +64,7 @@ EVICT_WINDOW_NS = 3600 * NS_PER_S
 
 
 @dataclass(slots=True)
-class _Queued:
+class QueuedRequest:
     request: Request
     seq: int  # arrival order within the model
     deadline_ns: int  # the scheduling deadline (buffer applied)
@@ -73,12 +73,12 @@ class _Queued:
 
 @dataclass(slots=True)
 class _Model:
-    queue: deque[_Queued] = field(default_factory=deque)
+    queue: deque[QueuedRequest] = field(default_factory=deque)
     next_seq: int = 0
 
 
 @dataclass(slots=True)
-class _Device:
+class Infer4Device:
     spec: DeviceSpec
     exec_lane: LaneTracker = field(default_factory=LaneTracker)
     load_lane: LaneTracker = field(default_factory=LaneTracker)
@@ -98,7 +98,7 @@ class _Device:
 @dataclass(slots=True)
 class _Flight:
     action: Action
-    batch: list[_Queued]
+    batch: list[QueuedRequest]
 
 
 class Infer4Scheduler(PolicyBookkeeping):
@@ -120,7 +120,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         self.rng = rng or random.Random(0)
         self.estimator = Estimator(self.profiles, 10, 99.0, borrow_kind_ratio=False)
         self.tracker = LoadTracker(default_slo_ns)
-        self.devices: dict[int, _Device] = {}
+        self.devices: dict[int, Infer4Device] = {}
         self.models: dict[str, _Model] = {}
         self._in_flight: dict[int, _Flight] = {}
         self._timeouts: list[tuple[int, int, str]] = []  # scheduling deadline, arrival number, model
@@ -143,7 +143,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         load_slo = max(load_slo, self.schedule_ahead_ns + BUFFER_NS)
         demand = self.tracker.add_request(name, b1, exec_slo, load_slo, now_ns)
         model = self.models.setdefault(name, _Model())
-        queued = _Queued(request, model.next_seq, request.arrival_ns + exec_slo, demand)
+        queued = QueuedRequest(request, model.next_seq, request.arrival_ns + exec_slo, demand)
         model.next_seq += 1
         model.queue.append(queued)
         heapq.heappush(self._timeouts, (queued.deadline_ns, queued.seq, name))
@@ -189,12 +189,12 @@ class Infer4Scheduler(PolicyBookkeeping):
     def add_device(self, spec: DeviceSpec) -> None:
         if spec.device in self.devices:
             raise ValueError(f"device {spec.device} is already known")
-        device = self.devices[spec.device] = _Device(spec)
+        device = self.devices[spec.device] = Infer4Device(spec)
         self.tracker.add_device(spec.device)
         for model, pages in self.adoptable(spec):
             self._adopt(device, model, pages)
 
-    def _adopt(self, device: _Device, model: str, pages: int) -> None:
+    def _adopt(self, device: Infer4Device, model: str, pages: int) -> None:
         """Book ``model`` as loaded on ``device`` (its weights are there already, or it has none)."""
         device.loaded.add(model)
         device.free_pages -= pages
@@ -218,7 +218,7 @@ class Infer4Scheduler(PolicyBookkeeping):
             for name in list(self.models):
                 self._fail(list(self.models.pop(name).queue), Outcome.NO_WORKER, "no worker is connected", None)
 
-    def _requeue(self, batch: list[_Queued], reason: str, now_ns: int) -> None:
+    def _requeue(self, batch: list[QueuedRequest], reason: str, now_ns: int) -> None:
         """Requests of a lost batch go back to their queue if they can still start in time."""
         for queued in batch:
             name = queued.request.model
@@ -254,14 +254,14 @@ class Infer4Scheduler(PolicyBookkeeping):
         self._forget_model(model)
 
     # --- inference ---------------------------------------------------------------------
-    def _add_strategies(self, device: _Device, name: str, queued: _Queued) -> None:
+    def _add_strategies(self, device: Infer4Device, name: str, queued: QueuedRequest) -> None:
         kind = device.spec.kind
         for size in self.profiles[name].batch_sizes:
             priority = queued.deadline_ns - self.estimator.exec_ns(name, size, kind)
             self._strategy_seq += 1
             heapq.heappush(device.strategies, (priority, self._strategy_seq, size, name, queued.seq))
 
-    def _schedule_infers(self, device: _Device, now_ns: int, decisions: Decisions) -> None:
+    def _schedule_infers(self, device: Infer4Device, now_ns: int, decisions: Decisions) -> None:
         strategies = device.strategies
         while strategies:
             free_at = max(now_ns + FUTURE_NS, device.exec_lane.free_ns)
@@ -272,10 +272,10 @@ class Infer4Scheduler(PolicyBookkeeping):
                 self._try_dequeue(device, name, size, seq, free_at, now_ns, decisions)
 
     def _try_dequeue(
-        self, device: _Device, name: str, size: int, seq: int, free_at: int, now_ns: int, decisions: Decisions
+        self, device: Infer4Device, name: str, size: int, seq: int, free_at: int, now_ns: int, decisions: Decisions
     ) -> None:
         model = self.models.get(name)
-        index = None if model is None else _position(model.queue, seq)
+        index = None if model is None else position_of(model.queue, seq)
         if model is None or index is None:
             return  # the strategy's request was served or dropped
         queue = model.queue
@@ -313,9 +313,9 @@ class Infer4Scheduler(PolicyBookkeeping):
 
     def _issue_infer(
         self,
-        device: _Device,
+        device: Infer4Device,
         name: str,
-        batch: list[_Queued],
+        batch: list[QueuedRequest],
         start_ns: int,
         exec_ns: int,
         now_ns: int,
@@ -339,7 +339,9 @@ class Infer4Scheduler(PolicyBookkeeping):
         self.tracker.executing([q.demand for q in batch], device.spec.device)
         decisions.actions.append(action)
 
-    def _infer_done(self, action: Infer, batch: list[_Queued], result: ActionResult, device: _Device) -> None:
+    def _infer_done(
+        self, action: Infer, batch: list[QueuedRequest], result: ActionResult, device: Infer4Device
+    ) -> None:
         if not batch:
             return
         if result.ok:
@@ -360,7 +362,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         while timeouts and timeouts[0][0] <= now_ns:
             _, seq, name = heapq.heappop(timeouts)
             model = self.models.get(name)
-            index = None if model is None else _position(model.queue, seq)
+            index = None if model is None else position_of(model.queue, seq)
             if model is not None and index is not None:
                 queued = model.queue[index]
                 del model.queue[index]
@@ -368,7 +370,7 @@ class Infer4Scheduler(PolicyBookkeeping):
 
     def _fail(
         self,
-        batch: list[_Queued],
+        batch: list[QueuedRequest],
         outcome: Outcome,
         reason: str,
         device: int | None,
@@ -379,7 +381,7 @@ class Infer4Scheduler(PolicyBookkeeping):
             self.tracker.completed([q.demand for q in batch], device)
 
     # --- loads ---------------------------------------------------------------------------
-    def _schedule_load(self, device: _Device, now_ns: int, decisions: Decisions) -> None:
+    def _schedule_load(self, device: Infer4Device, now_ns: int, decisions: Decisions) -> None:
         if now_ns - device.last_load_ns < MIN_LOAD_GAP_NS or device.loads_in_flight >= MAX_LOADS:
             return
         available = max(now_ns + FUTURE_NS, device.load_lane.free_ns)
@@ -411,7 +413,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         self._in_flight[load.action_id] = _Flight(load, [])
         decisions.actions.append(load)
 
-    def _evict(self, device: _Device, victim: str, now_ns: int, decisions: Decisions) -> None:
+    def _evict(self, device: Infer4Device, victim: str, now_ns: int, decisions: Decisions) -> None:
         device.loaded.discard(victim)
         device.free_pages += self.pages_of(victim, device.spec)
         self.tracker.evicted(victim, device.spec.device)
@@ -419,7 +421,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         self._in_flight[evict.action_id] = _Flight(evict, [])
         decisions.actions.append(evict)
 
-    def _load_done(self, action: LoadWeights, result: ActionResult, device: _Device) -> None:
+    def _load_done(self, action: LoadWeights, result: ActionResult, device: Infer4Device) -> None:
         name = action.model
         if device.loading.get(name) != action.action_id:
             return  # the model was unloaded meanwhile (and perhaps added and loading again: not this load)
@@ -440,7 +442,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         return device_forecast(self.devices.values(), self.estimator, self.profiles, models, now_ns)
 
     # --- helpers ---------------------------------------------------------------------------
-    def _unbusy(self, device: _Device, name: str) -> None:
+    def _unbusy(self, device: Infer4Device, name: str) -> None:
         count = device.busy.get(name, 0) - 1
         if count > 0:
             device.busy[name] = count
@@ -480,11 +482,11 @@ class Infer4Scheduler(PolicyBookkeeping):
         return None if best == NEVER else best
 
 
-def _position(queue: deque[_Queued], seq: int) -> int | None:
+def position_of(queue: deque[QueuedRequest], seq: int) -> int | None:
     """Index of the request with arrival number ``seq`` in a queue kept in arrival order."""
     index = bisect_left(queue, seq, key=_seq)
     return index if index < len(queue) and queue[index].seq == seq else None
 
 
-def _seq(queued: _Queued) -> int:
+def _seq(queued: QueuedRequest) -> int:
     return queued.seq

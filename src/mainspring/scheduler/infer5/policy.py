@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import DeviceSpec, Request
 from mainspring.scheduler.base import Decisions
-from mainspring.scheduler.clockwork.tracker import NEVER
-from mainspring.scheduler.infer4.policy import FUTURE_NS, Infer4Scheduler, _Device, _position, _Queued
+from mainspring.scheduler.infer4.policy import FUTURE_NS, Infer4Device, Infer4Scheduler, QueuedRequest, position_of
+from mainspring.scheduler.lanes import NEVER
 from mainspring.time import NS_PER_MS
 
 MAX_BATCH = 8  # the controller's max_batch option, as the authors ran it
@@ -56,7 +56,7 @@ class Infer5Scheduler(Infer4Scheduler):
     ) -> None:
         self.schedule_ahead_ns = self.latest_delta_ns = schedule_ahead_ns
         self.max_batch = max_batch
-        self._size_queues: dict[str, dict[int, deque[_Queued]]] = {}
+        self._size_queues: dict[str, dict[int, deque[QueuedRequest]]] = {}
         self._waiting: set[str] = set()  # models with requests queued (some may have emptied since)
         self._waiting_now: list[str] = []  # this pass's, in name order (``schedule``)
         super().__init__(profiles, devices, rng, default_slo_ns, deadline_margin_ns)
@@ -72,7 +72,7 @@ class Infer5Scheduler(Infer4Scheduler):
             queue.append(queued)
         self._waiting.add(request.model)
 
-    def _add_strategies(self, device: _Device, name: str, queued: _Queued) -> None:
+    def _add_strategies(self, device: Infer4Device, name: str, queued: QueuedRequest) -> None:
         """Strategies come from the queues at each decision (``_schedule_infers``)."""
 
     def _sizes(self, name: str) -> list[int]:
@@ -80,13 +80,13 @@ class Infer5Scheduler(Infer4Scheduler):
         kept = [s for s in sizes if s <= self.max_batch and self.profiles[name].exec_time_ns(s) <= MAX_EXEC_NS]
         return kept or [sizes[0]]
 
-    def _queues_of(self, name: str) -> dict[int, deque[_Queued]]:
+    def _queues_of(self, name: str) -> dict[int, deque[QueuedRequest]]:
         queues = self._size_queues.get(name)
         if queues is None:
             queues = self._size_queues[name] = {size: deque() for size in self._sizes(name)}
         return queues
 
-    def _requeue(self, batch: list[_Queued], reason: str, now_ns: int) -> None:
+    def _requeue(self, batch: list[QueuedRequest], reason: str, now_ns: int) -> None:
         super()._requeue(batch, reason, now_ns)
         for name in {q.request.model for q in batch}:  # back in every size's queue, in arrival order
             model = self.models.get(name)
@@ -106,14 +106,14 @@ class Infer5Scheduler(Infer4Scheduler):
         self._waiting_now = self._waiting_models()
         return super().schedule(now_ns)
 
-    def _schedule_infers(self, device: _Device, now_ns: int, decisions: Decisions) -> None:
+    def _schedule_infers(self, device: Infer4Device, now_ns: int, decisions: Decisions) -> None:
         """As the source's infer threads call ``schedule_infer`` again and again: one batch per call, while
         the lane frees within the schedule-ahead."""
         while max(now_ns + FUTURE_NS, device.exec_lane.free_ns) < now_ns + self.schedule_ahead_ns:
             if not self._schedule_one(device, now_ns, decisions):
                 return
 
-    def _schedule_one(self, device: _Device, now_ns: int, decisions: Decisions) -> bool:
+    def _schedule_one(self, device: Infer4Device, now_ns: int, decisions: Decisions) -> bool:
         free_at = max(now_ns + FUTURE_NS, device.exec_lane.free_ns)
         names = [name for name in self._waiting_now if name in device.loaded]
         heap = [s for name in names for s in self._strategies(device, name, self.max_batch, 0)]
@@ -136,7 +136,9 @@ class Infer5Scheduler(Infer4Scheduler):
         self._waiting = {name for name in self._waiting if name in models and models[name].queue}
         return sorted(self._waiting)
 
-    def _strategies(self, device: _Device, name: str, max_size: int, version: int) -> list[tuple[int, int, str, int]]:
+    def _strategies(
+        self, device: Infer4Device, name: str, max_size: int, version: int
+    ) -> list[tuple[int, int, str, int]]:
         """(priority, size, model, ``version``) of each non-empty queue of ``name`` up to ``max_size``."""
         found = []
         kind = device.spec.kind
@@ -147,21 +149,21 @@ class Infer5Scheduler(Infer4Scheduler):
                 found.append((priority, size, name, version))
         return found
 
-    def _front(self, name: str, queue: deque[_Queued]) -> _Queued | None:
+    def _front(self, name: str, queue: deque[QueuedRequest]) -> QueuedRequest | None:
         """The queue's first request still waiting (answered ones, by timeout, leave lazily)."""
         model = self.models.get(name)
-        while queue and (model is None or _position(model.queue, queue[0].seq) is None):
+        while queue and (model is None or position_of(model.queue, queue[0].seq) is None):
             queue.popleft()
         return queue[0] if queue else None
 
     def _take_batch(
-        self, device: _Device, name: str, min_size: int, free_at: int, now_ns: int, decisions: Decisions
+        self, device: Infer4Device, name: str, min_size: int, free_at: int, now_ns: int, decisions: Decisions
     ) -> bool:
         model = self.models[name]
         queues = self._queues_of(name)
         kind = device.spec.kind
         for size, queue in queues.items():
-            alive = deque(q for q in queue if _position(model.queue, q.seq) is not None)
+            alive = deque(q for q in queue if position_of(model.queue, q.seq) is not None)
             finish = free_at + self.estimator.exec_ns(name, size, kind)
             while alive and alive[0].deadline_ns < finish:
                 alive.popleft()  # not answered: its timeout will
@@ -179,7 +181,7 @@ class Infer5Scheduler(Infer4Scheduler):
             while queue and queue[0].seq <= last:
                 queue.popleft()
         for queued in batch:
-            index = _position(model.queue, queued.seq)
+            index = position_of(model.queue, queued.seq)
             assert index is not None
             del model.queue[index]
         exec_ns = self.estimator.exec_ns(name, size, kind)

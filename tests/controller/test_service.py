@@ -205,7 +205,7 @@ def test_a_controller_whose_loop_falls_behind_refuses_new_requests_429_until_it_
 
     async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
         def caught_up() -> bool:
-            return service.guard.loop_lag_ns <= service.guard.max_loop_lag_ns
+            return service.load_limits.loop_lag_ns <= service.load_limits.max_loop_lag_ns
 
         one = tensor(np.ones((1, 3), np.float32))
         await plane.infer("a", None, [one], None, {})

@@ -1,4 +1,4 @@
-"""The live controller's overload guards: what it holds (requests and their input bytes) and how far
+"""The live controller's load limits: what it holds (requests and their input bytes) and how far
 behind its own event loop runs. Past any bound a new call is refused at once (429 ``overloaded``),
 which is cheap, instead of queued, which would make every pass slower until nothing meets its deadline
 (``benchmarks/controller_scale.py``)."""
@@ -13,7 +13,7 @@ from mainspring.time import NS_PER_S
 LAG_TICK_S = 0.005
 
 
-class OverloadGuard:
+class ServerLoadLimits:
     def __init__(self, max_outstanding: int, max_outstanding_bytes: int, max_loop_lag_ns: int) -> None:
         self.max_outstanding = max_outstanding
         self.max_outstanding_bytes = max_outstanding_bytes

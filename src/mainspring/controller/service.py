@@ -23,7 +23,7 @@ import msgspec
 
 from mainspring.controller.controller import Controller, ControllerObserver, Observers, UnknownActionError
 from mainspring.controller.lifecycle import ModelLifecycle
-from mainspring.controller.overload import OverloadGuard
+from mainspring.controller.overload import ServerLoadLimits
 from mainspring.controller.rejoin import RejoinBackoff
 from mainspring.controller.workers import WorkerSet, announced_only
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
@@ -64,7 +64,7 @@ class ControllerService:
         # event loop's lag, the controller's CPU (by default half the default SLO: a loop that late leaves
         # requests little of their time).
         lag_ms = max_loop_lag_ms if max_loop_lag_ms is not None else default_slo_ms / 2
-        self.guard = OverloadGuard(max_outstanding, max_outstanding_bytes, round(lag_ms * 1e6))
+        self.load_limits = ServerLoadLimits(max_outstanding, max_outstanding_bytes, round(lag_ms * 1e6))
         self.policy_name = policy
         self.default_slo_ns = round(default_slo_ms * 1e6)
         margin_ns = round(deadline_margin_ms * 1e6)
@@ -164,7 +164,7 @@ class ControllerService:
         if model in self.lifecycle.unloading:
             raise ServiceError("unavailable", f"model {model!r} is being unloaded")
         size = sum(int(array.nbytes) for sample in samples for array in sample.values()) // max(len(samples), 1)
-        refusal = self.guard.refusal(len(samples), size)
+        refusal = self.load_limits.refusal(len(samples), size)
         if refusal is not None:
             self.metrics.rejections.labels(Outcome.OVERLOADED.value).inc(len(samples))
             raise ServiceError("overloaded", f"overloaded: {refusal}")
@@ -177,7 +177,7 @@ class ControllerService:
             future: asyncio.Future[Answer] = self.loop.create_future()
             self._futures[request.id] = future
             self._open[served.key] += 1
-            self.guard.admit(request.id, size)
+            self.load_limits.admit(request.id, size)
             futures.append(future)
             self.controller.submit(request)
         return list(await asyncio.gather(*futures))
@@ -185,7 +185,7 @@ class ControllerService:
     def _answer(self, request: Request, response: Response, output: object) -> None:
         future = self._futures.pop(request.id, None)
         if future is not None:
-            self.guard.release(request.id)
+            self.load_limits.release(request.id)
             left = self._open[request.model] - 1
             if left > 0:
                 self._open[request.model] = left
@@ -237,7 +237,7 @@ class ControllerService:
         self.worker_joined.set()
         if self._watchdog is None:
             self._watchdog = self.loop.create_task(self._watch_actions())
-        self.guard.watch(self.loop)
+        self.load_limits.watch(self.loop)
         self.controller.pump()
 
     async def _watch_actions(self, period_s: float = 0.25) -> None:
@@ -343,7 +343,7 @@ class ControllerService:
 
     async def exposition(self) -> bytes:
         """The Prometheus metrics, in the text format."""
-        self.metrics.loop_lag.set(self.guard.loop_lag_ns / NS_PER_S)
+        self.metrics.loop_lag.set(self.load_limits.loop_lag_ns / NS_PER_S)
         return self.metrics.exposition(self.clock.now_ns())
 
     def count_dropped_client(self, transport: str, cause: str, frontend: str = "main", count: int = 1) -> None:
@@ -377,7 +377,7 @@ class ControllerService:
         deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
         while self.controller.outstanding and self.clock.now_ns() < deadline:
             await asyncio.sleep(0.01)
-        self.guard.stop()
+        self.load_limits.stop()
         left = self.controller.shutdown("the server is shutting down")
         for handle in self.connected.handles:
             handle.close("controller shutting down")

@@ -3,7 +3,7 @@
 aiohttp bounds the length of a header line and, with its keep-alive timer, how long a connection
 waits for a request, but not how long one request's headers may take once they have begun, nor
 how many connections are open. A client that sends a byte every 100 ms, or opens connections and
-says nothing, would hold a file descriptor each for as long as it liked. ``GuardedSite`` listens
+says nothing, would hold a file descriptor each for as long as it liked. ``WatchedSite`` listens
 in front of aiohttp's handler: past ``max_connections`` a new connection is answered 503 and
 closed; a request whose headers are not all in within ``header_timeout_s`` of its first byte (of
 the connection's opening, for its first request) is answered 408 and closed. The body's bound
@@ -86,9 +86,9 @@ def _answer_and_close(transport: asyncio.BaseTransport, status: int, reason: str
 class _Watched(asyncio.Protocol):
     """One connection: aiohttp's handler behind it, timed while a request's headers arrive."""
 
-    def __init__(self, handler: asyncio.Protocol, guard: ConnectionGuard) -> None:
+    def __init__(self, handler: asyncio.Protocol, connections: ConnectionWatch) -> None:
         self._handler = handler
-        self._guard = guard
+        self._connections = connections
         self._transport: asyncio.BaseTransport | None = None
         self._refused = False
         self._between_requests = True  # no request is being handled: the next byte starts one
@@ -97,14 +97,14 @@ class _Watched(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
-        guard = self._guard
-        if len(guard.open) >= guard.limits.max_connections:
+        connections = self._connections
+        if len(connections.open) >= connections.limits.max_connections:
             self._refused = True
-            guard.dropped.record("http", "connection_limit")
-            message = f"too many connections: {guard.limits.max_connections} are open (max_connections)"
+            connections.dropped.record("http", "connection_limit")
+            message = f"too many connections: {connections.limits.max_connections} are open (max_connections)"
             _answer_and_close(transport, 503, "Service Unavailable", message)
             return
-        guard.open[transport] = self
+        connections.open[transport] = self
         self._handler.connection_made(transport)
         self._start_timer()  # a client that connects and never sends a byte is held no longer
 
@@ -121,7 +121,7 @@ class _Watched(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
         if self._transport is not None:
-            self._guard.open.pop(self._transport, None)
+            self._connections.open.pop(self._transport, None)
         if not self._refused:
             self._handler.connection_lost(exc)
 
@@ -152,7 +152,7 @@ class _Watched(asyncio.Protocol):
 
     def _start_timer(self) -> None:
         if self._headers_due is None:
-            timeout = self._guard.limits.header_timeout_s
+            timeout = self._connections.limits.header_timeout_s
             self._headers_due = asyncio.get_running_loop().call_later(timeout, self._headers_late)
 
     def _stop_timer(self) -> None:
@@ -164,13 +164,13 @@ class _Watched(asyncio.Protocol):
         self._headers_due = None
         if self._transport is None or self._transport.is_closing():
             return
-        self._guard.dropped.record("http", "header_timeout")
-        timeout = self._guard.limits.header_timeout_s
+        self._connections.dropped.record("http", "header_timeout")
+        timeout = self._connections.limits.header_timeout_s
         message = f"request headers not received within {timeout:g} s (header_timeout_s)"
         _answer_and_close(self._transport, 408, "Request Timeout", message)
 
 
-class ConnectionGuard:
+class ConnectionWatch:
     """The open connections of one HTTP frontend, with their limits and where cut-offs are counted."""
 
     def __init__(self, limits: RequestLimits, dropped: DroppedClients) -> None:
@@ -202,21 +202,21 @@ def ensure_descriptors(connections: int, headroom: int = 256) -> None:
                         connections, headroom, wanted, soft)  # fmt: skip
 
 
-class GuardedSite(web.TCPSite):
-    """aiohttp's TCP site with every connection watched by ``guard``."""
+class WatchedSite(web.TCPSite):
+    """aiohttp's TCP site with every connection watched by ``connections``."""
 
-    def __init__(self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int,
+    def __init__(self, runner: web.AppRunner, connections: ConnectionWatch, host: str, port: int,
                  reuse_port: bool | None = None) -> None:  # fmt: skip
         super().__init__(runner, host, port, reuse_port=reuse_port)
-        self._guard = guard
+        self._connections = connections
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner
         server = self._runner.server
         assert server is not None
-        guard = self._guard
+        connections = self._connections
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: guard.watch(server()), self._host, self._port, backlog=self._backlog,
+            lambda: connections.watch(server()), self._host, self._port, backlog=self._backlog,
             reuse_address=self._reuse_address, reuse_port=self._reuse_port,
         )  # fmt: skip
         self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port

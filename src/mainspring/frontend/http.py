@@ -18,7 +18,7 @@ import msgspec
 from aiohttp import web
 
 from mainspring.frontend.access import UNAUTHORIZED, http_scope
-from mainspring.frontend.connections import ConnectionGuard, GuardedSite, ensure_descriptors
+from mainspring.frontend.connections import ConnectionWatch, WatchedSite, ensure_descriptors
 from mainspring.frontend.dashboard import page as dashboard_page
 from mainspring.frontend.dashboard import timeline_seconds
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 PLANE = web.AppKey("plane", DataPlane)
-GUARD = web.AppKey("guard", ConnectionGuard)
+CONNECTIONS = web.AppKey("connections", ConnectionWatch)
 ARRIVAL = web.RequestKey("arrival_ns", int)  # when the request's headers were read (``time.monotonic_ns``)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -39,9 +39,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _watch(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Tell the connection's guard that a request is under way (its headers are in) and when it ends."""
+    """Tell the connection's watch that a request is under way (its headers are in) and when it ends."""
     request[ARRIVAL] = time.monotonic_ns()  # its headers are in: from here the call's time counts
-    connection = request.app[GUARD].connection(request.transport)
+    connection = request.app[CONNECTIONS].connection(request.transport)
     if connection is not None:
         connection.request_started()
     try:
@@ -191,7 +191,7 @@ async def _body(request: web.Request) -> bytes:
             return await request.read()
     except TimeoutError:
         plane.dropped.record("http", "body_timeout")
-        if (connection := request.app[GUARD].connection(request.transport)) is not None:
+        if (connection := request.app[CONNECTIONS].connection(request.transport)) is not None:
             connection.close_after_answer()
         raise InferenceError(408, f"request body not received within {timeout:g} s (body_timeout_s)") from None
 
@@ -369,7 +369,7 @@ def make_app(plane: DataPlane) -> web.Application:
     app = web.Application(middlewares=[_watch, _errors, _authorize], client_max_size=limits.max_body_bytes,
                           handler_args=header)  # fmt: skip
     app[PLANE] = plane
-    app[GUARD] = ConnectionGuard(limits, plane.dropped)
+    app[CONNECTIONS] = ConnectionWatch(limits, plane.dropped)
     get, post = web.get, web.post
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
@@ -417,5 +417,5 @@ async def start_http(plane: DataPlane, host: str, port: int, reuse_port: bool | 
     # shutdown_timeout: requests were answered by the drain; idle connections must not hold a stop for 60 s.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, keepalive_timeout=plane.limits.idle_timeout_s)
     await runner.setup()
-    await GuardedSite(runner, app[GUARD], host, port, reuse_port=reuse_port).start()
+    await WatchedSite(runner, app[CONNECTIONS], host, port, reuse_port=reuse_port).start()
     return runner

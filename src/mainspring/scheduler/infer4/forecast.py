@@ -11,7 +11,7 @@ from mainspring.scheduler.base import Forecast
 from mainspring.scheduler.estimator import Estimator
 
 if TYPE_CHECKING:
-    from mainspring.scheduler.infer4.policy import Infer4Device
+    from mainspring.scheduler.infer4.state import Infer4Device
 
 
 def device_forecast(

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import heapq
 import random
-from bisect import bisect_left, insort
-from collections import deque
+from bisect import insort
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import (
@@ -48,9 +47,10 @@ from mainspring.protocol import (
 from mainspring.scheduler.base import Decisions, Forecast
 from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.scheduler.estimator import Estimator
-from mainspring.scheduler.infer4.demand import Demand, LoadTracker
+from mainspring.scheduler.infer4.demand import LoadTracker
 from mainspring.scheduler.infer4.forecast import device_forecast
-from mainspring.scheduler.lanes import NEVER, LaneTracker
+from mainspring.scheduler.infer4.state import Infer4Device, ModelQueue, QueuedRequest, arrival_seq, position_of
+from mainspring.scheduler.lanes import NEVER
 from mainspring.time import NS_PER_MS, NS_PER_S
 
 BUFFER_NS = 5 * NS_PER_MS  # aim this much before the deadline
@@ -61,38 +61,6 @@ MAX_LOADS = 2  # loads in flight per device
 MIN_LOAD_GAP_NS = 100_000  # between two load decisions on one device
 MAX_LOAD_SLO_NS = 25 * NS_PER_MS
 EVICT_WINDOW_NS = 3600 * NS_PER_S
-
-
-@dataclass(slots=True)
-class QueuedRequest:
-    request: Request
-    seq: int  # arrival order within the model
-    deadline_ns: int  # the scheduling deadline (buffer applied)
-    demand: Demand
-
-
-@dataclass(slots=True)
-class _Model:
-    queue: deque[QueuedRequest] = field(default_factory=deque)
-    next_seq: int = 0
-
-
-@dataclass(slots=True)
-class Infer4Device:
-    spec: DeviceSpec
-    exec_lane: LaneTracker = field(default_factory=LaneTracker)
-    load_lane: LaneTracker = field(default_factory=LaneTracker)
-    strategies: list[tuple[int, int, int, str, int]] = field(default_factory=list)  # priority, seq, batch, model, at
-    loaded: set[str] = field(default_factory=set)
-    loading: dict[str, int] = field(default_factory=dict)  # model -> its load's action id
-    busy: dict[str, int] = field(default_factory=dict)  # models with infers in flight -> count
-    free_pages: int = 0
-    loads_in_flight: int = 0
-    last_load_ns: int = -NEVER
-    load_wanted: bool = True  # the tracker may have a model for this device (False: it said none)
-
-    def __post_init__(self) -> None:
-        self.free_pages = self.spec.total_pages
 
 
 @dataclass(slots=True)
@@ -121,7 +89,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         self.estimator = Estimator(self.profiles, 10, 99.0, borrow_kind_ratio=False)
         self.tracker = LoadTracker(default_slo_ns)
         self.devices: dict[int, Infer4Device] = {}
-        self.models: dict[str, _Model] = {}
+        self.models: dict[str, ModelQueue] = {}
         self._in_flight: dict[int, _Flight] = {}
         self._timeouts: list[tuple[int, int, str]] = []  # scheduling deadline, arrival number, model
         self._strategy_seq = 0
@@ -142,7 +110,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         load_slo = min(MAX_LOAD_SLO_NS, slo - load_budget if load_budget <= slo else slo)
         load_slo = max(load_slo, self.schedule_ahead_ns + BUFFER_NS)
         demand = self.tracker.add_request(name, b1, exec_slo, load_slo, now_ns)
-        model = self.models.setdefault(name, _Model())
+        model = self.models.setdefault(name, ModelQueue())
         queued = QueuedRequest(request, model.next_seq, request.arrival_ns + exec_slo, demand)
         model.next_seq += 1
         model.queue.append(queued)
@@ -229,7 +197,7 @@ class Infer4Scheduler(PolicyBookkeeping):
             self.tracker.completed([queued.demand], None)  # its demand starts again, a load included
             remaining = queued.deadline_ns - now_ns
             queued.demand = self.tracker.add_request(name, self._b1_ns(name), remaining, remaining, now_ns)
-            insort(model.queue, queued, key=_seq)
+            insort(model.queue, queued, key=arrival_seq)
             heapq.heappush(self._timeouts, (queued.deadline_ns, queued.seq, name))
             for device in self.devices.values():
                 if name in device.loaded:
@@ -303,7 +271,7 @@ class Infer4Scheduler(PolicyBookkeeping):
         batch = [queue.popleft() for _ in range(size)]
         self._issue_infer(device, name, batch, free_at, exec_ns, now_ns, decisions)
 
-    def _drop_unstartable(self, name: str, model: _Model, free_at: int) -> int:
+    def _drop_unstartable(self, name: str, model: ModelQueue, free_at: int) -> int:
         """Drop queued requests whose deadline passes before the lane frees; returns how many."""
         dropped = []
         while model.queue and model.queue[0].deadline_ns < free_at:
@@ -480,13 +448,3 @@ class Infer4Scheduler(PolicyBookkeeping):
                 due = max(device.load_lane.free_ns - self.schedule_ahead_ns + 1, device.last_load_ns + MIN_LOAD_GAP_NS)
                 best = min(best, max(now_ns + 1, due))
         return None if best == NEVER else best
-
-
-def position_of(queue: deque[QueuedRequest], seq: int) -> int | None:
-    """Index of the request with arrival number ``seq`` in a queue kept in arrival order."""
-    index = bisect_left(queue, seq, key=_seq)
-    return index if index < len(queue) and queue[index].seq == seq else None
-
-
-def _seq(queued: QueuedRequest) -> int:
-    return queued.seq

@@ -33,7 +33,8 @@ from collections.abc import Mapping, Sequence
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import DeviceSpec, Request
 from mainspring.scheduler.base import Decisions
-from mainspring.scheduler.infer4.policy import FUTURE_NS, Infer4Device, Infer4Scheduler, QueuedRequest, position_of
+from mainspring.scheduler.infer4.policy import FUTURE_NS, Infer4Scheduler
+from mainspring.scheduler.infer4.state import Infer4Device, QueuedRequest, position_of
 from mainspring.scheduler.lanes import NEVER
 from mainspring.time import NS_PER_MS
 

@@ -96,7 +96,7 @@ def test_a_guarded_controller_refuses_at_once_when_far_behind() -> None:
 
 
 def test_requests_still_waiting_for_a_core_when_the_run_ends_are_answered() -> None:
-    """A controller far behind when the run stops (no drain, no overload guard): every request routed to a
+    """A controller far behind when the run stops (no drain, no load limits): every request routed to a
     cell is answered once, those it never took in as shutting down."""
     stalled = ControllerCost(40 * NS_PER_MS, 0, 0, 0, 0, 0)
     config = SimulationConfig(duration_ns=s_to_ns(1), devices=2, seed=4, drain_ns=0)

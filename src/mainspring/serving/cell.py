@@ -17,7 +17,7 @@ from mainspring.controller.service import ControllerService
 
 log = logging.getLogger("mainspring.serve")
 
-# How often the signal is looked at (sent when it changed): as often as the overload guard's lag timer,
+# How often the signal is looked at (sent when it changed): as often as the load limits' lag timer,
 # which carried it before; a timer of its own, so that measuring the loop's lag and signalling are apart.
 SIGNAL_PERIOD_S = 0.005
 

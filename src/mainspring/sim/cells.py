@@ -174,7 +174,7 @@ class Cell:
         self.devices = devices
         self.recorder = Recorder()
         self.requests = 0
-        self.refused = 0  # by the overload guard
+        self.refused = 0  # by the server load limits (max_loop_lag_ms)
         self._waiting: dict[int, Request] = {}  # sent to the core, not yet taken in
         self._unreleased = 0
         core_links = {device: _CoreLink(self.core, submit) for device, submit in links.items()}

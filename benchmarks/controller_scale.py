@@ -53,7 +53,10 @@ async def run_point(devices: int, rate: float, seconds: float, seed: int, max_la
     profiles = {p.model: p for p in model_copies(builtin_profiles(), 50 * devices)}
     specs = [DeviceSpec(d, "v100", DEFAULT_POOL_BYTES) for d in range(devices)]
     handle = InProcessWorker(
-        "emulated", lambda sink: EmulatedWorker(specs, profiles, sink, seed=seed), service, asyncio.get_running_loop()
+        "emulated",
+        lambda sink: EmulatedWorker(specs, profiles, sink, seed=seed),
+        service.worker_events,
+        asyncio.get_running_loop(),
     )
     handle.join()
     names = sorted(profiles)

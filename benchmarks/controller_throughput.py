@@ -58,7 +58,7 @@ async def start_service(devices: int, models: int) -> ControllerService:
     specs = [DeviceSpec(d, "instant") for d in range(devices)]
     loop = asyncio.get_running_loop()
     handle = InProcessWorker(
-        "emulated", lambda sink: EmulatedWorker(specs, profiles, sink, NoiseModel.exact()), service, loop
+        "emulated", lambda sink: EmulatedWorker(specs, profiles, sink, NoiseModel.exact()), service.worker_events, loop
     )
     handle.join()
     return service

@@ -83,7 +83,7 @@ def test_a_worker_that_joins_later_serves_what_is_served_not_what_it_holds() -> 
             await until(lambda: service.device_count == 4)
             assert sorted(second.worker.profiles()) == ["a@2"]  # b stays unloaded, a is the reloaded load
             assert sorted(service.models) == ["a"]
-            service.on_lost(first)
+            service.worker_events.on_lost(first)
             first.close("gone")
             stop, asking = asyncio.Event(), Asking()
             clients = asyncio.create_task(keep_asking(plane, "a", stop, asking))

@@ -116,7 +116,7 @@ async def controller() -> AsyncIterator[tuple[ControllerService, WorkerHub, Coun
         answer(request, response, output)
 
     service.controller._answer = count
-    hub = WorkerHub("tcp://127.0.0.1:0", service, heartbeat_s=0.05, timeout_s=5.0)
+    hub = WorkerHub("tcp://127.0.0.1:0", service.worker_events, heartbeat_s=0.05, timeout_s=5.0)
     await hub.start()
     try:
         yield service, hub, answered
@@ -197,7 +197,7 @@ def test_a_dropped_worker_rejoins_after_a_backoff_that_grows_and_is_counted() ->
 def test_a_model_the_repository_lacks_is_never_served() -> None:
     async def scenario() -> None:
         async with controller() as (service, hub, _):
-            service.known_models = lambda: ["mlp"]
+            service.worker_events.known_models = lambda: ["mlp"]
             rogue = Rogue(hub.endpoint, "announcer", MALFORMED["silence"], models=[INFO, EVIL])
             try:
                 await joined(rogue, service)

@@ -33,7 +33,7 @@ def emulated(
     at fast small profiles, or ``profiles``."""
     served = profiles or {m: profile(m, exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2) for m in models}
     specs = [DeviceSpec(i, "v100") for i in range(devices)]
-    return kind(name, lambda sink: EmulatedWorker(specs, served, sink, NoiseModel.exact()), service,
+    return kind(name, lambda sink: EmulatedWorker(specs, served, sink, NoiseModel.exact()), service.worker_events,
                 asyncio.get_running_loop())  # fmt: skip
 
 
@@ -121,7 +121,7 @@ def test_errors_of_the_data_plane() -> None:
         with pytest.raises(InferenceError) as gone:
             await plane.infer("b", None, [one], None, {})
         assert gone.value.status == 404
-        service.on_lost(handle)
+        service.worker_events.on_lost(handle)
         assert not plane.ready()
         with pytest.raises(InferenceError, match="no worker is connected") as no_worker:
             await plane.infer("a", None, [one], None, {})
@@ -136,7 +136,7 @@ def test_a_worker_whose_action_never_reports_is_dropped_and_every_request_answer
         profiles = {"a": profile("a", exec_ms={1: 1.0, 2: 1.5, 4: 2.0}, load_ms=2)}
         hung = NoiseModel(jitter_sigma=0.0, spike_probability=1.0, spike_min_factor=1e6, spike_max_factor=1e6)
         handle = InProcessWorker(  # every action takes a million times its profile: a lane that hangs
-            "hung", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], profiles, sink, hung), service,
+            "hung", lambda sink: EmulatedWorker([DeviceSpec(0, "v100")], profiles, sink, hung), service.worker_events,
             asyncio.get_running_loop(),
         )  # fmt: skip
         handle.join()

@@ -15,21 +15,19 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from mainspring.controller.controller import Controller, ControllerObserver, Observers, UnknownActionError
+from mainspring.controller.controller import Controller, ControllerObserver, Observers
 from mainspring.controller.lifecycle import ModelLifecycle
 from mainspring.controller.overload import ServerLoadLimits
-from mainspring.controller.rejoin import RejoinBackoff
-from mainspring.controller.workers import WorkerSet, announced_only
+from mainspring.controller.worker_events import WorkerEventHandler
+from mainspring.controller.workers import WorkerSet
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.frontend.shedding import SHED
-from mainspring.protocol import ActionResult, DeviceSpec, Outcome, Request, Response
-from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
+from mainspring.protocol import Outcome, Request, Response
+from mainspring.protocol.models import served_name
 from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.protocol.tensors import Sample, TensorSpec
 from mainspring.scheduler.base import Membership, Warms
@@ -37,7 +35,7 @@ from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
 from mainspring.telemetry.metrics import ModelStats, ServingMetrics
 from mainspring.telemetry.recorder import LogWriter
 from mainspring.telemetry.timeline import Timeline
-from mainspring.time import NS_PER_S, Clock, WallClock
+from mainspring.time import NO_LEDGER, NS_PER_S, Clock, CpuLedger, WallClock
 from mainspring.transport.links import WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -57,9 +55,11 @@ class ControllerService:
         max_loop_lag_ms: float | None = None,
         policy_settings: Mapping[str, object] | None = None,
         clock: Clock | None = None,
+        ledger: CpuLedger = NO_LEDGER,
     ) -> None:
         self.clock = clock or WallClock()
-        self.watchdog_grace_s = watchdog_grace_s  # beyond an action's window and twice its expected duration
+        self.ledger = ledger  # this process's CPU by part (``cpu_ledger``)
+        self._admission_part = ledger.part("admission")
         # Unanswered requests (samples) and their input bytes bound memory under any flood and policy; the
         # event loop's lag, the controller's CPU (by default half the default SLO: a loop that late leaves
         # requests little of their time).
@@ -79,9 +79,6 @@ class ControllerService:
         observers = (self.metrics, self.timeline) if self.logs is None else (self.metrics, self.timeline, self.logs)
         observer: ControllerObserver = Observers(*observers)
         self.connected = WorkerSet()
-        self.rejoin = RejoinBackoff()  # for workers dropped for misbehaving
-        # Models a worker may announce (the names of the repository the local workers serve); None: any.
-        self.known_models: Callable[[], Collection[str]] | None = None
         self._output_specs: dict[str, tuple[TensorSpec, ...]] = {}  # by model key: what results are checked by
         self.controller = Controller(
             scheduler,
@@ -93,19 +90,20 @@ class ControllerService:
             send_inputs=True,
             defer=self._soon,
             output_specs=self._output_specs.get,
+            ledger=ledger,
         )
         self._request_ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Answer]] = {}
         self._open: collections.Counter[str] = collections.Counter()  # unanswered requests per model key
         self.lifecycle = ModelLifecycle(self)
+        # What the transports report (joins, results, losses) goes there; it drops misbehaving workers.
+        self.worker_events = WorkerEventHandler(self, watchdog_grace_s)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.accepting = True
         self.in_line = True  # a cell restarted (or started) is not, until the server says (``CellsPort``)
         # Told when models, devices or acceptance change (frontend processes keep a copy of that state).
         self.state_listeners: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._announcements: set[asyncio.Task[None]] = set()
-        self.worker_joined = asyncio.Event()
-        self._watchdog: asyncio.Task[None] | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -156,6 +154,15 @@ class ControllerService:
     ) -> list[Answer]:
         """Submit one request per sample (all with the same deadline, from when the call's first byte was read:
         ``waited_ns`` ago) and wait for every answer."""
+        with self._admission_part:
+            futures = self._admit(model, samples, slo_ns, waited_ns)
+        if len(futures) == 1:  # most calls: without gather's task and callbacks
+            return [await futures[0]]
+        return list(await asyncio.gather(*futures))
+
+    def _admit(
+        self, model: str, samples: Sequence[Sample], slo_ns: int | None, waited_ns: int
+    ) -> list[asyncio.Future[Answer]]:
         if not self.accepting:
             raise ServiceError("unavailable", "the server is shutting down")
         served = self.models.get(model)
@@ -180,7 +187,7 @@ class ControllerService:
             self.load_limits.admit(request.id, size)
             futures.append(future)
             self.controller.submit(request)
-        return list(await asyncio.gather(*futures))
+        return futures
 
     def _answer(self, request: Request, response: Response, output: object) -> None:
         future = self._futures.pop(request.id, None)
@@ -203,115 +210,12 @@ class ControllerService:
     def _request_wakeup(self, at_ns: int) -> None:
         self.loop.call_at(at_ns / NS_PER_S, self.controller.wake)
 
-    # --- workers (WorkerEvents) -------------------------------------------------------------
-    def on_join(
-        self, handle: WorkerHandle, devices: list[DeviceSpec], models: list[ModelInfo], errors: dict[str, str]
-    ) -> None:
-        if self.known_models is not None:  # a worker may announce only the repository's models
-            models, devices, errors = announced_only(handle.name, self.known_models(), models, devices, errors)
-        self.connected.join(handle)
-        self.load_errors.update(errors)
-        corrections = self.lifecycle.adopt(handle, models)
-        if not corrections:
-            self._add_devices(handle, devices)
-            return
-        task = self.loop.create_task(self._bring_in_line(handle, devices, corrections))
-        self._announcements.add(task)
-        task.add_done_callback(self._announcements.discard)
-
-    async def _bring_in_line(
-        self, handle: WorkerHandle, devices: list[DeviceSpec], corrections: list[tuple[ModelOperation, ModelTarget]]
-    ) -> None:
-        kept = await self.lifecycle.bring_in_line(handle, devices, corrections)
-        if kept is not None:
-            self._add_devices(handle, kept)
-
-    def _add_devices(self, handle: WorkerHandle, devices: list[DeviceSpec]) -> None:
-        for spec in self.connected.add_devices(handle, devices):
-            self._membership.add_device(spec)
-        self.update_gauges()
-        self._announce_soon()
-        held = sum(len(spec.resident) for spec in devices)
-        log.info("worker %s joined: %d device(s) already holding %d model(s); models %s",
-                 handle.name, len(devices), held, sorted(self.models))  # fmt: skip
-        self.worker_joined.set()
-        if self._watchdog is None:
-            self._watchdog = self.loop.create_task(self._watch_actions())
-        self.load_limits.watch(self.loop)
-        self.controller.pump()
-
-    async def _watch_actions(self, period_s: float = 0.25) -> None:
-        """A worker whose action never reports (a lane hung inside a live process, which still answers
-        heartbeats) is dropped as lost: its requests are requeued where they can still make it and
-        answered otherwise, and it is told to start over (``mainspring worker`` does, and
-        ``mainspring serve`` restarts a local one that exits)."""
-        grace_ns = round(self.watchdog_grace_s * NS_PER_S)
-        while True:
-            await asyncio.sleep(period_s)
-            now = self.clock.now_ns()
-            for handle, device, action in list(self.connected.hung(self.controller, now, grace_ns)):
-                if handle not in self.connected:
-                    continue  # dropped for another of its devices
-                late_s = (now - action.latest_ns - action.expected_duration_ns) / NS_PER_S
-                self.metrics.hung_actions.inc()
-                self.drop(handle, "hung", f"{type(action).__name__} action {action.action_id} on device "
-                                          f"{device} has not reported {late_s:.1f} s after it was due")  # fmt: skip
-
-    def drop(self, handle: WorkerHandle, cause: str, why: str) -> None:
-        """Drop a misbehaving worker (``cause``: hung, bad_result or bad_message) as lost: its requests
-        are requeued where they can still make it and answered otherwise; it is told to start over
-        (``mainspring worker`` does, and ``mainspring serve`` restarts a local one that exits) and may
-        join again only after a backoff that grows with each drop (``RejoinBackoff``)."""
-        if handle not in self.connected:
-            return
-        backoff_s = self.rejoin.dropped(handle.name)
-        self.metrics.workers_dropped.labels(cause).inc()
-        self.metrics.rejoin_backoff.set(backoff_s)
-        log.error("worker %s: %s; dropping the worker (it may rejoin in %.0f s)", handle.name, why, backoff_s)
-        handle.close(f"dropped: {why}: start over", start_over=True)
-        self.on_lost(handle)
-
-    def rejoin_wait_s(self, name: str) -> float:
-        wait_s, first = self.rejoin.wait_s(name)
-        if wait_s > 0:
-            self.metrics.rejoins_deferred.inc()
-            if first:
-                log.warning("worker %s says hello %.1f s before its rejoin backoff ends: not answered until then",
-                            name, wait_s)  # fmt: skip
-        return wait_s
-
-    def on_bad_message(self, handle: WorkerHandle, problem: str) -> None:
-        self.drop(handle, "bad_message", f"sent a message that is not the protocol ({problem})")
-
-    def on_result(self, handle: WorkerHandle, result: ActionResult) -> None:
-        global_id = self.connected.global_id(handle, result.device)
-        if global_id is None:
-            return  # from a device already declared lost
-        try:
-            problem = self.controller.deliver_checked(
-                msgspec.structs.replace(result, device=global_id), f"worker {handle.name}"
-            )
-        except UnknownActionError as error:
-            problem = str(error)
-        if problem is not None:
-            self.drop(handle, "bad_result", f"sent a malformed result ({problem})")
-
-    def on_lost(self, handle: WorkerHandle) -> None:
-        for global_id in self.connected.remove(handle):
-            self.controller.remove_device(global_id)
-        self.update_gauges()
-        self._announce_soon()
-        log.warning("worker %s lost; %d device(s) left", handle.name, self.device_count)
-
-    def on_model_reply(self, handle: WorkerHandle, reply: ModelReply) -> None:
-        self.connected.reply(handle, reply)
-
     def update_gauges(self) -> None:
         self.metrics.workers.set(len(self.connected))
         self.metrics.devices.set(self.device_count)
         self.metrics.models.set(len(self.models))
 
-    def _announce_soon(self) -> None:
+    def announce_soon(self) -> None:
         """Tell the listeners of a change made where nothing can wait for them (a worker joining or lost)."""
         for listener in self.state_listeners:
             task = self.loop.create_task(listener())
@@ -344,6 +248,9 @@ class ControllerService:
     async def exposition(self) -> bytes:
         """The Prometheus metrics, in the text format."""
         self.metrics.loop_lag.set(self.load_limits.loop_lag_ns / NS_PER_S)
+        if self.ledger is not NO_LEDGER:
+            for part, ns in [*self.ledger.ns.items(), ("unattributed", self.ledger.unattributed_ns())]:
+                self.metrics.controller_cpu.labels(part).set(ns / NS_PER_S)
         return self.metrics.exposition(self.clock.now_ns())
 
     def count_dropped_client(self, transport: str, cause: str, frontend: str = "main", count: int = 1) -> None:
@@ -372,8 +279,7 @@ class ControllerService:
         """Stop accepting; wait up to ``timeout_s`` for outstanding requests, then answer the rest with an error."""
         self.accepting = False
         await self.announce()
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        self.worker_events.stop()
         deadline = self.clock.now_ns() + round(timeout_s * NS_PER_S)
         while self.controller.outstanding and self.clock.now_ns() < deadline:
             await asyncio.sleep(0.01)

@@ -23,6 +23,7 @@ from mainspring.models.repository import ModelRepository
 from mainspring.serving.config import ServeConfig, ensure_repository
 from mainspring.serving.ray_placement import RayPlacer, RayWorkers
 from mainspring.serving.supervision import Flock, LocalWorker, wait_for_exit
+from mainspring.time import NO_LEDGER, CpuLedger
 from mainspring.transport.security import SECRET_ENV
 from mainspring.transport.zmq_hub import WorkerHub
 
@@ -45,16 +46,18 @@ class ControllerNode:
             max_loop_lag_ms=config.max_loop_lag_ms or None,
             log_dir=Path(config.log_dir).expanduser() if config.log_dir else None,
             policy_settings=config.clockwork,
+            ledger=CpuLedger() if config.cpu_ledger else NO_LEDGER,
         )
         self.repo: ModelRepository | None = None
         self._worker_dir: tempfile.TemporaryDirectory[str] | None = None  # the local workers' private channel
         self.worker_secret = config.worker_secret  # or one made for this run (workers on Ray)
         self.hub = WorkerHub(
             self._worker_channel() if plans else "",
-            self.service,
+            self.service.worker_events,
             config.heartbeat_s,
             config.worker_timeout_s,
             secret=self.worker_secret,
+            ledger=self.service.ledger,
         )
         self.local: list[LocalWorker] = []
         self._ray: RayPlacer | None = None
@@ -68,7 +71,7 @@ class ControllerNode:
             ModelRepository(config.repo_path) if config.repo and config.repo_path.is_dir() else None
         )  # fmt: skip
         if config.workers == "local" and self.repo is not None:  # the workers serve this repository: no other model
-            self.service.known_models = self.repo.models
+            self.service.worker_events.known_models = self.repo.models
 
     def _worker_channel(self) -> str:
         """Where workers connect. Without ``worker_secret``: local workers over a socket in a folder only

@@ -16,81 +16,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import random
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from mainspring.bench.driver import Sent, drive
-from mainspring.bench.report import build
-from mainspring.bench.senders import HttpSender
-from mainspring.models.profile import ModelProfile
+from mainspring.bench.driver import Sent
 from mainspring.protocol import ResponseStatus
-from mainspring.time import NS_PER_MS, ms_to_ns, s_to_ns
-from mainspring.workload import PoissonOpenLoop
+from mainspring.time import NS_PER_MS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.serving.processes import free_ports, http_call
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_rig import LiveServer, offer
 
 SLO_MS = 100.0
-MAINSPRING = [sys.executable, "-m", "mainspring.cli"]
-
-
-class Setup:
-    """A server and its emulated worker on free ports; ``shed``: ``shed_at_arrival``."""
-
-    def __init__(self, shed: bool, frontends: int, folder: Path) -> None:
-        self.http, grpc, worker = free_ports(3)
-        env = {**os.environ, "MAINSPRING_SHED_AT_ARRIVAL": "true" if shed else "false"}
-        serve = [*MAINSPRING, "serve", "--workers", "tcp", "--allow-open-workers", "--http-port", str(self.http),
-                 "--grpc-port", str(grpc), "--worker-port", str(worker), "--frontends", str(frontends)]  # fmt: skip
-        self._logs = [(folder / f"serve-{shed}.log").open("wb"), (folder / f"worker-{shed}.log").open("wb")]
-        self.server = subprocess.Popen(serve, stdout=self._logs[0], stderr=subprocess.STDOUT, env=env)
-        emulate = [*MAINSPRING, "worker", "--controller", f"tcp://127.0.0.1:{worker}", "--emulate", "--count", "8",
-                   "--models", "200"]  # fmt: skip
-        self.worker = subprocess.Popen(emulate, stdout=self._logs[1], stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while http_call(f"http://127.0.0.1:{self.http}/v2/health/ready")[0] != 200:
-            if time.monotonic() > deadline or self.server.poll() is not None:
-                raise RuntimeError(f"the server did not get ready: {folder}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.worker.terminate()
-        self.server.send_signal(signal.SIGINT)
-        for process in (self.worker, self.server):
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        for log in self._logs:
-            log.close()
-
-
-def ready_models(port: int) -> list[str]:
-    status, body = http_call(f"http://127.0.0.1:{port}/v2/repository/index", json.dumps({"ready": True}).encode())
-    assert status == 200, body
-    return [entry["name"] for entry in json.loads(body)]
-
-
-async def offer(port: int, rate: float, seconds: float, seed: int) -> tuple[dict[str, object], list[Sent]]:
-    sender = HttpSender(f"127.0.0.1:{port}")
-    try:
-        models = ready_models(port)
-        await sender.prepare(models)
-        profiles = [ModelProfile(m, "live", 1, 1, {1: 1}) for m in models]
-        workload = PoissonOpenLoop(rate)
-        duration = s_to_ns(seconds)
-        arrivals = workload.arrivals(profiles, duration, random.Random(seed))
-        result = await drive(arrivals, workload, sender, ms_to_ns(SLO_MS), duration)
-        return build(result), result.sent
-    finally:
-        await sender.close()
 
 
 def row(setting: str, label: str, rate: float, report: dict[str, object], sent: list[Sent], peak: float) -> str:
@@ -108,7 +45,8 @@ def row(setting: str, label: str, rate: float, report: dict[str, object], sent: 
 
 def measure(shed: bool, args: argparse.Namespace, folder: Path) -> None:
     setting = f"shed {'on' if shed else 'off'}"
-    setup = Setup(shed, args.frontends, folder)
+    env = {"MAINSPRING_SHED_AT_ARRIVAL": "true" if shed else "false"}
+    setup = LiveServer(folder, env, frontends=args.frontends, tag=f"-shed-{shed}")
     try:
         asyncio.run(offer(setup.http, 100.0, 3.0, 0))  # warm-up: the models' first loads
         ramp = []

@@ -14,7 +14,7 @@ from typing import Protocol, cast
 from mainspring.protocol import Action, ActionResult, ActionStatus, Infer, Outcome, Request, Response
 from mainspring.protocol.tensors import TensorSpec, sample_problem
 from mainspring.scheduler.base import Membership, Scheduler
-from mainspring.time import NS_PER_S, Clock
+from mainspring.time import NO_LEDGER, NS_PER_S, Clock, CpuLedger
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +91,15 @@ class Controller:
         send_inputs: bool = False,
         defer: Defer | None = None,
         output_specs: OutputSpecs | None = None,
+        ledger: CpuLedger = NO_LEDGER,
     ) -> None:
         """``defer``: when given, a request, a result or a wake-up runs no pass of its own; one pass,
         deferred through it, serves every event that arrived before it ran (a live event loop under
         load hands many events per turn; without ``defer`` every event gets its own pass, as the
         simulator needs for exactly reproducible runs). ``output_specs``: when given (a live controller,
         whose workers return tensors), every ``Infer`` result must carry one output per request, each
-        exactly the model's outputs (``deliver``)."""
+        exactly the model's outputs (``deliver``). ``ledger``: where this controller's CPU time is split by part
+        (the policy, sending actions, checking results, answering, metrics)."""
         self._scheduler = scheduler
         self._clock = clock
         self._workers = workers
@@ -114,6 +116,11 @@ class Controller:
         self._pass_deferred = False
         self._output_specs = output_specs
         self._malformed: dict[int, str] = {}  # request id -> why its action's result was refused
+        self._policy_part = ledger.part("policy")
+        self._send_part = ledger.part("send")
+        self._results_part = ledger.part("results")
+        self._answer_part = ledger.part("answer")
+        self._metrics_part = ledger.part("metrics")
 
     @property
     def outstanding(self) -> int:
@@ -126,8 +133,10 @@ class Controller:
         now = self._clock.now_ns()
         self._requests[request.id] = request
         if self._observer is not None:
-            self._observer.on_request(request, now)
-        self._scheduler.on_request(request, now)
+            with self._metrics_part:
+                self._observer.on_request(request, now)
+        with self._policy_part:
+            self._scheduler.on_request(request, now)
         self._pass_soon(now)
 
     def deliver(self, result: ActionResult) -> None:
@@ -139,6 +148,10 @@ class Controller:
         checked before anything else: a malformed one (``result_problem``) reaches the policy as a failed
         action, whose requests are answered ``BAD_RESULT``; returns why it was refused (the caller drops
         the sender), None for a sound result. ``UnknownActionError`` for an action never sent."""
+        with self._results_part:
+            return self._deliver_checked(result, source)
+
+    def _deliver_checked(self, result: ActionResult, source: str) -> str | None:
         action = self._in_flight.get(result.action_id)
         if action is None:
             if result.action_id in self._lost_actions:
@@ -154,11 +167,13 @@ class Controller:
                 self._malformed.update(dict.fromkeys(action.request_ids, reason))
         del self._in_flight[result.action_id]
         if self._observer is not None:
-            self._observer.on_result(result, action, now)
+            with self._metrics_part:
+                self._observer.on_result(result, action, now)
         if result.ok and isinstance(action, Infer) and result.outputs is not None:
             for request_id, output in zip(action.request_ids, result.outputs, strict=True):
                 self._outputs[request_id] = output
-        self._scheduler.on_result(result, now)
+        with self._policy_part:
+            self._scheduler.on_result(result, now)
         self._pass_soon(now)
         return problem
 
@@ -245,14 +260,20 @@ class Controller:
         self._pump(self._clock.now_ns())
 
     def _pump(self, now: int) -> None:
+        with self._policy_part:  # the pass, less the sends, answers and metrics it leads to
+            self._pump_now(now)
+
+    def _pump_now(self, now: int) -> None:
         decisions = self._scheduler.schedule(now)
         unsent: list[ActionResult] = []
         for action in decisions.actions:
             self._in_flight[action.action_id] = action
             if self._observer is not None:
-                self._observer.on_action(action, now)
+                with self._metrics_part:
+                    self._observer.on_action(action, now)
             try:
-                self._send(action)
+                with self._send_part:
+                    self._send(action)
             except Exception as error:  # one action its link cannot carry must not lose the rest of the pass
                 log.exception("could not send action %d to device %d", action.action_id, action.device)
                 message = f"the controller could not send the action to its worker: {error!r}"
@@ -285,5 +306,7 @@ class Controller:
         if malformed is not None and response.outcome is Outcome.INFERENCE_FAILED:  # the policy's word for any failure
             response = Response(response.request_id, Outcome.BAD_RESULT, malformed, response.action_id)
         if self._observer is not None:
-            self._observer.on_answer(request, response, now)
-        self._answer(request, response, output)
+            with self._metrics_part:
+                self._observer.on_answer(request, response, now)
+        with self._answer_part:
+            self._answer(request, response, output)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
@@ -64,6 +65,10 @@ class FrontendHub:
         self._seq = 0  # of the last state sent
         self._applied: dict[bytes, int] = {}  # the last state each frontend said it answers from
         self._acked = asyncio.Event()
+        self._receive_part = service.ledger.part("receive")
+        self._answer_part = service.ledger.part("answer")
+        self._metrics_part = service.ledger.part("metrics")
+        self._calls_of: dict[bytes, Any] = {}  # a frontend's calls counter (a label lookup per call costs)
 
     @property
     def joined(self) -> int:
@@ -138,35 +143,43 @@ class FrontendHub:
         assert self._socket is not None
         while True:
             identity, *frames = await self._socket.recv_multipart(copy=False)
-            try:
-                message, samples = decode_frontend([frame.buffer for frame in frames])
-            except CodecError as error:
-                log.warning("dropped a message from a frontend: %s", error)
-                continue
-            key = bytes(identity.buffer)
-            if isinstance(message, Join):
-                for stale in [k for k, name in self._frontends.items() if name == message.frontend]:
-                    del self._frontends[stale]  # that process is gone: this is the one started after it
-                    self._applied.pop(stale, None)
-                self._frontends[key] = message.frontend
-                log.info("frontend %s joined", message.frontend)
-                await self._send(key, self._state())
-            elif isinstance(message, Applied):
-                self._applied[key] = max(self._applied.get(key, 0), message.seq)
-                self._acked.set()
-            elif isinstance(message, Submit | Ask) and key not in self._frontends:
-                # Sent to a process of this controller that died (it queued in the frontend's socket): that
-                # frontend will not wait for it, and running it here would do the work twice.
-                reason = "this controller was restarted since the call was sent; the frontend joins it again"
-                await self._send(key, Refused(message.call, RESTARTED, reason))
-            elif isinstance(message, Submit) and samples is not None:
-                self._spawn(self._infer(key, message, samples, time.monotonic_ns()))
-            elif isinstance(message, Ask):
-                self._spawn(self._ask(key, message))
-            elif isinstance(message, Dropped):
-                for transport, cause, count in message.counts:
-                    if transport in ("http", "grpc") and cause in CAUSES and count > 0:  # a counter only goes up
-                        self.service.count_dropped_client(transport, cause, self._frontends.get(key, "?"), count)
+            with self._receive_part:
+                joined = self._take(bytes(identity.buffer), frames)
+            if joined is not None:
+                await joined
+
+    def _take(self, key: bytes, frames: list[zmq.Frame]) -> Awaitable[None] | None:
+        """Decode and dispatch one message; what must be awaited before the next (a join's state)."""
+        try:
+            message, samples = decode_frontend([frame.buffer for frame in frames])
+        except CodecError as error:
+            log.warning("dropped a message from a frontend: %s", error)
+            return None
+        if isinstance(message, Join):
+            for stale in [k for k, name in self._frontends.items() if name == message.frontend]:
+                del self._frontends[stale]  # that process is gone: this is the one started after it
+                self._applied.pop(stale, None)
+                self._calls_of.pop(stale, None)
+            self._frontends[key] = message.frontend
+            log.info("frontend %s joined", message.frontend)
+            return self._send(key, self._state())
+        if isinstance(message, Applied):
+            self._applied[key] = max(self._applied.get(key, 0), message.seq)
+            self._acked.set()
+        elif isinstance(message, Submit | Ask) and key not in self._frontends:
+            # Sent to a process of this controller that died (it queued in the frontend's socket): that
+            # frontend will not wait for it, and running it here would do the work twice.
+            reason = "this controller was restarted since the call was sent; the frontend joins it again"
+            return self._send(key, Refused(message.call, RESTARTED, reason))
+        elif isinstance(message, Submit) and samples is not None:
+            self._spawn(self._infer(key, message, samples, time.monotonic_ns()))
+        elif isinstance(message, Ask):
+            self._spawn(self._ask(key, message))
+        elif isinstance(message, Dropped):
+            for transport, cause, count in message.counts:
+                if transport in ("http", "grpc") and cause in CAUSES and count > 0:  # a counter only goes up
+                    self.service.count_dropped_client(transport, cause, self._frontends.get(key, "?"), count)
+        return None
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)
@@ -174,17 +187,25 @@ class FrontendHub:
         task.add_done_callback(self._tasks.discard)
 
     async def _infer(self, identity: bytes, submit: Submit, samples: list[dict[str, Any]], received_ns: int) -> None:
-        name = self._frontends.get(identity, "?")
-        self.service.metrics.frontend_calls.labels(name).inc()
+        with self._metrics_part:
+            calls = self._calls_of.get(identity)
+            if calls is None:
+                calls = self._calls_of[identity] = self.service.metrics.frontend_calls.labels(
+                    self._frontends.get(identity, "?")
+                )
+            calls.inc()
         waited = submit.waited_ns + time.monotonic_ns() - received_ns  # in the frontend, then in this loop
         try:
             answers = await self.service.infer(submit.model, samples, submit.slo_ns, waited)
         except ServiceError as error:
             await self._send(identity, Refused(submit.call, error.kind, str(error)))
             return
-        outputs: list[Sample] = [output if response.outcome is Outcome.SERVED else {} for response, output in answers]
-        reply = Answers(submit.call, [r.outcome for r, _ in answers], [r.reason for r, _ in answers], metas_of(outputs))
-        await self._send(identity, reply, outputs)
+        with self._answer_part:
+            outputs = [output if response.outcome is Outcome.SERVED else {} for response, output in answers]
+            reply = Answers(submit.call, [r.outcome for r, _ in answers], [r.reason for r, _ in answers],
+                            metas_of(outputs))  # fmt: skip
+            sent = self._send_now(identity, reply, outputs)
+        await sent
 
     async def _ask(self, identity: bytes, ask: Ask) -> None:
         service = self.service
@@ -219,5 +240,12 @@ class FrontendHub:
             await self._send(identity, Reply(ask.call, value))
 
     async def _send(self, identity: bytes, message: msgspec.Struct, samples: list[Sample] | None = None) -> None:
-        if self._socket is not None:
-            await self._socket.send_multipart([identity, *encode(message, samples)], copy=False)
+        await self._send_now(identity, message, samples)
+
+    def _send_now(
+        self, identity: bytes, message: msgspec.Struct, samples: list[Sample] | None = None
+    ) -> Awaitable[Any]:
+        """Encode and hand the message to the socket now; awaiting the result waits until it is queued."""
+        if self._socket is None:
+            return asyncio.sleep(0)
+        return self._socket.send_multipart([identity, *encode(message, samples)], copy=False)

@@ -69,6 +69,9 @@ class ServeConfig:
     # twentieth of slo_ms, in three wakes of a 5 ms timer running): the share taken adapts to what the
     # process's CPU keeps up with (``frontend/shedding.py``); false: every call is read and judged alone.
     shed_at_arrival: bool = True
+    # Split the controller's CPU by part of the work (mainspring_controller_cpu_seconds{part}): about 2 us a
+    # part, several parts a request (benchmarks/controller_cost_live.py turns it on).
+    cpu_ledger: bool = False
     # "uvloop": more requests/s through one controller, but its millisecond timers cost attainment
     # (docs/benchmarks/serving.md, "Controller throughput"); needs `pip install uvloop`.
     event_loop: str = "asyncio"

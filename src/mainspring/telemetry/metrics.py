@@ -112,6 +112,13 @@ class ServingMetrics:
             "past max_loop_lag_ms new requests get 429",
             registry=r,
         )
+        self.controller_cpu = Gauge(
+            "mainspring_controller_cpu_seconds",
+            "CPU seconds of the controller's event-loop thread by part of the work (receive, admission, policy, "
+            "send, results, answer, metrics; unattributed: the loop itself), with cpu_ledger on",
+            ["part"],
+            registry=r,
+        )
         self.model_changes = Counter(
             "mainspring_model_changes",
             "Models loaded, reloaded in place and unloaded (repository API or its polling), by result",

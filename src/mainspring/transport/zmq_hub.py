@@ -21,7 +21,7 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 
 from mainspring.protocol import Action, ActionResult, Infer, Timing
 from mainspring.protocol.models import ModelOperation, ModelReply, ModelTarget
-from mainspring.time import Clock, WallClock, s_to_ns
+from mainspring.time import NO_LEDGER, Clock, CpuLedger, WallClock, s_to_ns
 from mainspring.transport.clock_sync import ClockSync
 from mainspring.transport.links import WorkerEvents
 from mainspring.transport.messages import (
@@ -105,8 +105,10 @@ class WorkerHub:
         timeout_s: float = 2.0,
         clock: Clock | None = None,
         secret: str = "",
+        ledger: CpuLedger = NO_LEDGER,
     ) -> None:
         self.address = address
+        self._receive_part = ledger.part("receive")  # decoding what workers send, and handing it on
         self._events = events
         self._heartbeat_s = heartbeat_s
         self._timeout_ns = s_to_ns(timeout_s)
@@ -184,7 +186,8 @@ class WorkerHub:
         while True:
             identity, *frames = await self._socket.recv_multipart()
             try:
-                self._dispatch(identity, frames)
+                with self._receive_part:
+                    self._dispatch(identity, frames)
             except Exception:  # a bug must not stop the controller
                 log.exception("could not handle a message from worker %r", identity)
 

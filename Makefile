@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
-.PHONY: run simulate test lint bench paper scenarios gpu-check clean
+.PHONY: run simulate test lint bench paper scenarios gpu-check image clean
 
 # Serving needs less than the tests (no Ray, test tools or type checker): about a minute less to set up.
 $(RUN_STAMP): pyproject.toml requirements-run.txt
@@ -69,6 +69,16 @@ paper: $(STAMP)
 	cd benchmarks/paper && for fig in fig5 fig6 fig7 fig8 fragments fig9 fig11 overload; do \
 		MAINSPRING_PAPER_OUT=../../out/paper ../../$(BIN)/python $$fig.py $(PAPER_ARGS) || exit 1; done
 	cd benchmarks/paper && MAINSPRING_PAPER_OUT=../../out/paper ../../$(BIN)/python write_doc.py ../../docs/paper.md
+
+# The container images (docker/; docs/deploy.md): mainspring:VERSION (CPU) and mainspring:VERSION-cuda. Needs a
+# Docker daemon; without one this says so and fails (the tests lint the Dockerfiles with hadolint instead).
+IMAGE ?= mainspring
+IMAGE_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image:
+	@command -v docker >/dev/null 2>&1 || { echo "make image: no docker command on this machine: install Docker to build the images (docker/Dockerfile, docker/Dockerfile.cuda)" >&2; exit 1; }
+	@docker info >/dev/null 2>&1 || { echo "make image: docker is installed but no Docker daemon answers (docker info failed): start one, or build elsewhere" >&2; exit 1; }
+	docker build -f docker/Dockerfile -t $(IMAGE):$(IMAGE_VERSION) .
+	docker build -f docker/Dockerfile.cuda -t $(IMAGE):$(IMAGE_VERSION)-cuda .
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -6,9 +6,13 @@ import json
 import re
 from pathlib import Path
 
+import promql_parser as promql
+
 from mainspring.telemetry.metrics import ServingMetrics
 
-DASHBOARD = Path(__file__).parents[2] / "dashboards" / "grafana-mainspring.json"
+DASHBOARDS = Path(__file__).parents[2] / "dashboards"
+DASHBOARD = DASHBOARDS / "grafana-mainspring.json"
+GRAFANA_RANGES = ("$__rate_interval", "$__interval", "$__range")  # Grafana puts a duration in their place
 SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
 
 
@@ -32,3 +36,15 @@ def test_it_covers_attainment_goodput_rejections_latency_loads_prediction_and_bu
     titles = " ".join(panel["title"].lower() for panel in json.loads(DASHBOARD.read_text())["panels"])
     for topic in ("attainment", "goodput", "rejections", "latency", "loads", "prediction error", "busy"):
         assert topic in titles
+
+
+def test_every_query_of_every_dashboard_parses_as_promql() -> None:
+    dashboards = sorted(DASHBOARDS.glob("*.json"))
+    assert dashboards
+    for dashboard in dashboards:
+        for panel in json.loads(dashboard.read_text())["panels"]:
+            for target in panel.get("targets", []):
+                query = target["expr"]
+                for variable in GRAFANA_RANGES:
+                    query = query.replace(variable, "5m")
+                promql.parse(query)  # raises, naming the fault, on a query Prometheus would refuse

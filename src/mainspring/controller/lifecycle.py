@@ -74,6 +74,7 @@ class ModelLifecycle:
                 self._host.policy.add_model(profile)
                 config = msgspec.structs.replace(info.config, name=name)
                 self.models[name] = ServedModel(config, profile.renamed(name), info.version, key)
+                self._host.metrics.triton.serve(key, info.version)  # loaded before it joined: in an unknown time
                 matching.add(name)
             elif (
                 served is not None
@@ -179,6 +180,7 @@ class ModelLifecycle:
         model = target.model
         if not self._host.connected:
             raise ServiceError("unavailable", "no worker is connected")
+        begin = self._host.clock.now_ns()  # its load time, Triton's: until every worker has it ready
         try:
             replies = await self._host.connected.model_op(ModelOperation.LOAD, target, timeout_s)
         except ServiceError:  # a worker did not answer in time: the others must not keep what they loaded
@@ -198,6 +200,7 @@ class ModelLifecycle:
             raise ServiceError("invalid", reason)
         info = replies[0].info
         assert info is not None
+        self._host.metrics.triton.serve(target.key, info.version, (self._host.clock.now_ns() - begin) / NS_PER_S)
         profile = ModelProfile.from_json(info.profile, f"model {target.key}")
         self._host.policy.add_model(profile)
         self.load_errors.pop(model, None)
@@ -212,6 +215,7 @@ class ModelLifecycle:
 
     async def _retire(self, key: str, timeout_s: float) -> None:
         """Take ``key`` out of the policy (answering what it still queues) and off every worker."""
+        self._host.metrics.triton.retire(key)
         self._host.policy.remove_model(key, self._host.clock.now_ns())
         self._host.controller.pump()  # hand out the answers of its queued requests
         await self._host.announce()

@@ -174,6 +174,7 @@ class ControllerService:
         refusal = self.load_limits.refusal(len(samples), size)
         if refusal is not None:
             self.metrics.rejections.labels(Outcome.OVERLOADED.value).inc(len(samples))
+            self.metrics.triton.refused(served.key, len(samples))
             raise ServiceError("overloaded", f"overloaded: {refusal}")
         slo = slo_ns if slo_ns is not None else self.default_slo_ns
         self._output_specs[served.key] = served.config.outputs  # what its results must hold

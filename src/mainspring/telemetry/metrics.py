@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from mainspring.protocol import Action, ActionResult, Infer, Request, Response, ResponseStatus, action_kind
 from mainspring.protocol.models import served_name
+from mainspring.telemetry.host_metrics import HostMetrics
+from mainspring.telemetry.triton_metrics import TritonMetrics
 from mainspring.time import NS_PER_S
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -128,6 +130,8 @@ class ServingMetrics:
         self.devices = Gauge("mainspring_devices", "Connected devices", registry=r)
         self.models = Gauge("mainspring_models", "Models served", registry=r)
         self.model_stats: dict[str, ModelStats] = {}
+        self.triton = TritonMetrics()  # Triton's names beside ours (``docs/serving.md``)
+        self.host = HostMetrics()  # Triton's CPU and GPU gauges
         self._busy: dict[int, deque[tuple[int, int]]] = {}  # device -> recent (begin, end) of infers
 
     def exposition(self, now_ns: int) -> bytes:
@@ -137,21 +141,23 @@ class ServingMetrics:
                 spans.popleft()
             busy = sum(min(end, now_ns) - max(begin, start) for begin, end in spans if end > start)
             self.busy.labels(str(device)).set(max(0.0, min(1.0, busy / BUSY_WINDOW_NS)))
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + (self.triton.exposition(now_ns) + self.host.exposition()).encode()
 
     def stats(self, model: str) -> ModelStats:
         return self.model_stats.setdefault(model, ModelStats())
 
     # --- ControllerObserver -------------------------------------------------------------
     def on_request(self, request: Request, now_ns: int) -> None:
-        pass
+        self.triton.on_request(request)
 
     def on_action(self, action: Action, now_ns: int) -> None:
-        pass
+        self.triton.on_action(action)
 
     def on_result(self, result: ActionResult, action: Action, now_ns: int) -> None:
         kind = action_kind(action)
         self.actions.labels(kind, result.status.value).inc()
+        if isinstance(action, Infer):
+            self.triton.on_result(result, action)
         if not result.ok or result.timing is None:
             return
         timing = result.timing
@@ -168,6 +174,7 @@ class ServingMetrics:
             self.evictions.labels(served_name(action.model)).inc()
 
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
+        self.triton.on_answer(request, response, now_ns)
         latency, model = now_ns - request.arrival_ns, served_name(request.model)  # one series across reloads
         self.requests.labels(model, response.status.value).inc()
         stats = self.stats(model)

@@ -103,7 +103,7 @@ def live_trace(port: CellsPort, clock: ManualClock, hot_per_step: int) -> Trace:
 
     def publish(signal: CellSignal) -> None:
         clock.set(signal.at_ns)
-        port._signal(signal)
+        port.roster.on_signal(signal)
 
     trace = drive(port.planner, replan, route, publish, hot_per_step)
     trace.replans.insert(0, first)
@@ -134,7 +134,7 @@ def test_the_live_port_and_the_simulator_decide_the_same(tmp_path: Path) -> None
         try:  # start's joins, without its timers: the test moves the clock
             await asyncio.gather(*(cell.start(10) for cell in port.cells))
             for index in ALL:
-                port._carry(port.membership.joined(index))
+                port.roster.carry(port.membership.joined(index))
             profiles = [served.profile for served in port.models.values()]
             assert sorted(port.models) == MODELS and all(cell.pool_bytes > 0 for cell in port.cells)
             # 1.7 devices busy: past half a cell's two devices (with the band), short of three cells

@@ -5,44 +5,41 @@ Every cell serves every model of the repository (each loads it on its own device
 placement only decides where requests go: the shared planner (``cells/planner.py``, the simulator's
 too) gives each model its cells from the demand this frontend measured, re-planned every few seconds,
 and picks among them the one whose load signal says a batch of one ends first. Which cells can take a
-request is the membership's (``cells/membership.py``): a cell whose signal has not come for a second is
-taken as gone, and its models go to the others. A load, reload or unload goes to every cell that is up;
-one that was down gets it when it returns, before it serves again (``cells_settle.py``); statistics add
-up over the cells; the metrics get a ``cell`` label; the live page shows every cell's devices.
+request is the membership's (``cells/membership.py``, carried out by ``cells_roster.py``): a cell whose
+signal has not come for a second is taken as gone, and its models go to the others. A load, reload or
+unload goes to every cell that is up; one that was down gets it when it returns, before it serves again
+(``cells_settle.py``); statistics add up over the cells; the metrics get a ``cell`` label; the live page
+shows every cell's devices.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mainspring.cells.membership import Do, Effect, Membership, Phase
 from mainspring.cells.placement import PlacementConfig
 from mainspring.cells.planner import CellsPlanner, PlannerConfig, Replan
-from mainspring.cells.routing import CellSignal, Costs, routing_costs
-from mainspring.cells.wire import SignalSubscriber
+from mainspring.cells.routing import Costs, routing_costs
 from mainspring.frontend.cells_metrics import merge_expositions, merged_timeline, summed_statistics
-from mainspring.frontend.cells_settle import CellCall, Settler
+from mainspring.frontend.cells_roster import CellRoster
+from mainspring.frontend.cells_settle import CellCall
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.frontend.remote import RemoteController
 from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
-from mainspring.time import NS_PER_S, Clock, WallClock, s_to_ns
+from mainspring.time import NS_PER_S, Clock, WallClock
 
 log = logging.getLogger(__name__)
 
-LISTED_JOIN_S = 10.0  # a frontend process waits this long at most for the cells listed at its start
 __all__ = ["CellsPort", "merge_expositions"]
 
 
 class CellsPort:
     """``ControllerPort`` over the cells' controllers (``RemoteController`` each, on ``endpoints``): the
-    planner and the membership decide, this carries out (``clock``: the time they go by)."""
+    planner decides where calls go and the membership which cells can take them (``CellRoster`` carries
+    out what it says); this plans, routes and changes models on every cell (``clock``: the time they go by)."""
 
     def __init__(
         self,
@@ -55,177 +52,42 @@ class CellsPort:
         settles: bool = False,
         clock: Clock | None = None,
     ) -> None:
-        self._name = name
-        # The server's port brings a returning cell in line and then tells it; a frontend process's port
-        # routes to a cell only once it says so (``RemoteController.in_line``).
-        self._settles = settles
-        self._secret = secret  # the worker secret guards the cells' channels where they are TCP ports (Ray)
         self._clock = clock or WallClock()
-        self._tasks: set[asyncio.Task[object]] = set()
-        self.membership = Membership(self._clock, settles)
         self.planner = CellsPlanner(PlannerConfig(placement=placement or PlacementConfig()), self._clock.now_ns())
         self.router = self.planner.router
-        self.cells: list[RemoteController] = []
-        for endpoint in endpoints:
-            self._carry(self._new_cell(endpoint, late=False))
-        self._cells_file = Path(cells_file) if cells_file else None  # cells added later, listed by the server
-        self._join_timeout_s = 60.0
-        self._subscriber = SignalSubscriber(list(signal_endpoints), self._signal, secret)
         self._changing: dict[str, asyncio.Lock] = {}  # one repository change of a model at a time
-        self._settler = Settler(self.cells, self.membership, self._changing, self._on_cell)
+        # The server's port brings a returning cell in line and then tells it; a frontend process's port
+        # routes to a cell only once it says so (``RemoteController.in_line``).
+        self.roster = CellRoster(name, endpoints, signal_endpoints, self.router, self._changing, self._clock,
+                                 secret, cells_file, settles)  # fmt: skip
+        self.membership = self.roster.membership
+        self.cells = self.roster.cells
 
     async def start(self, timeout_s: float = 60.0) -> None:
-        self._join_timeout_s = timeout_s
-        self._subscriber.start()
-        await asyncio.gather(*(cell.start(timeout_s) for cell in self.cells))
-        for index in range(len(self.cells)):
-            self._carry(self.membership.joined(index))
-        if self._settles:  # the cells of the start: nothing to catch up on
-            await asyncio.gather(*(cell.mark_in_line() for cell in self.cells))
+        await self.roster.start(timeout_s)
         self._plan_tick()
-        self._spawn(self._plan_every())
-        self._spawn(self._watch())
-        if self._cells_file is not None:
-            await self._join_listed(min(timeout_s, LISTED_JOIN_S))
-            self._spawn(self._follow_cells_file())
-
-    async def _join_listed(self, timeout_s: float) -> None:
-        """The cells the server lists now, joined before this frontend takes requests (one that does not
-        answer within ``timeout_s``, a cell still starting, is joined when it does)."""
-        self._sync_cells_file()
-        deadline = self._clock.now_ns() + s_to_ns(timeout_s)
-        while self._clock.now_ns() < deadline and any(
-            not cell.joined for index, cell in enumerate(self.cells) if not self.membership.down(index)
-        ):
-            await asyncio.sleep(0.02)
+        self.roster.spawn(self._plan_every())
+        await self.roster.keep_up(timeout_s)
 
     def add_cell(self, endpoint: str, signal_endpoint: str) -> int:
         """One more cell (cells on Ray, as nodes join); its index. Requests go to it once it has joined,
         signalled and has devices (it settles first: it may miss a change made before it joined)."""
-        index = len(self.cells)
-        effects = self._new_cell(endpoint, late=True)
-        self._subscriber.add(signal_endpoint)
-        self._spawn(self._join(index))
-        self._carry(effects)
-        return index
-
-    def _new_cell(self, endpoint: str, late: bool) -> list[Effect]:
-        index, effects = self.membership.add(late)
-        self.cells.append(RemoteController(endpoint, f"{self._name}/cell-{index}", self._secret,
-                                           lambda: self.dead(index, "its channel closed")))  # fmt: skip
-        return effects
-
-    async def _join(self, index: int) -> None:
-        cell = self.cells[index]
-        try:
-            await cell.start(self._join_timeout_s)
-        except TimeoutError:  # its join stays queued: the cell takes it when it binds
-            log.warning("cell %d did not answer within %g s", index, self._join_timeout_s)
-            while not cell.joined and not self.membership.down(index):
-                await asyncio.sleep(0.1)
-        log.info("cell %d joined, with %d device(s)", index, cell.device_count)
-        self._carry(self.membership.joined(index))
-
-    async def _follow_cells_file(self, period_s: float = 0.5) -> None:
-        """The cells the server lists (a JSON list of [endpoint, signal, departed]): new ones are added,
-        departed ones dropped."""
-        while True:
-            await asyncio.sleep(period_s)
-            self._sync_cells_file()
-
-    def _sync_cells_file(self) -> None:
-        assert self._cells_file is not None
-        try:
-            listed = json.loads(self._cells_file.read_text())
-        except (OSError, ValueError):
-            return  # not written yet
-        for endpoint, signal_endpoint, _ in listed[len(self.cells) :]:
-            self.add_cell(endpoint, signal_endpoint)
-        for index, (_, _, departed) in enumerate(listed):
-            if departed:
-                self.depart(index, "the server says it left")
+        return self.roster.add_cell(endpoint, signal_endpoint)
 
     def depart(self, index: int, why: str) -> None:
         """Cell ``index`` is gone for good (its node left): as ``dead``, and its models, devices and
         capacity count no more."""
-        self._carry(self.membership.departed(index, why))
+        self.roster.depart(index, why)
 
     def dead(self, index: int, why: str) -> None:
         """Cell ``index``'s process is gone: requests go elsewhere, the calls it held fail now (to be tried
         on another cell while their deadlines allow), and what was queued for it is dropped."""
-        self._carry(self.membership.exited(index, why))
-
-    def _carry(self, effects: Sequence[Effect]) -> None:
-        """What the membership decided, done."""
-        for effect in effects:
-            index, cell = effect.cell, self.cells[effect.cell]
-            if effect.do is Do.FAIL_WAITING:
-                failed = cell.fail_waiting(f"cell {index}'s controller is gone ({effect.text})")
-                level = logging.WARNING if cell.accepting else logging.INFO  # not: it was stopping
-                log.log(level, "cell %d is gone (%s): its models go to the other cells; %d call(s) it held are "
-                        "tried elsewhere", index, effect.text, failed)  # fmt: skip
-            elif effect.do is Do.DISCONNECT:
-                self._spawn(cell.disconnect())
-            elif effect.do is Do.REJOIN:
-                self._spawn(self._rejoin(index))
-            elif effect.do is Do.SETTLE:
-                self._spawn(self._settler.settle(index))
-            else:
-                log.log(logging.WARNING if effect.do is Do.WARN else logging.INFO, "%s", effect.text)
-
-    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _watch(self, period_s: float = 0.1) -> None:
-        while True:
-            await asyncio.sleep(period_s)
-            self._carry(self.membership.tick())
+        self.roster.dead(index, why)
 
     async def close(self) -> None:
-        await self._subscriber.close()  # first: no signal starts a rejoin while the rest closes
-        for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await asyncio.gather(*(cell.close() for cell in self.cells), return_exceptions=True)
+        await self.roster.close()
 
-    # --- the signal and the placement --------------------------------------------------------------
-    def _signal(self, signal: CellSignal) -> None:
-        if not 0 <= signal.cell < len(self.cells) or self.membership.phase(signal.cell) is Phase.DEPARTED:
-            return
-        effects = self.membership.signal(signal.cell, signal.incarnation)
-        self.router.publish(signal)
-        self._carry(effects)
-
-    async def _rejoin(self, index: int) -> None:
-        try:
-            await self.cells[index].rejoin()
-        except (TimeoutError, ServiceError) as error:
-            self._carry(self.membership.rejoined(index, False, repr(error)))
-        else:
-            self._carry(self.membership.rejoined(index, True))
-            log.info("cell %d has %d device(s)", index, self.cells[index].device_count)
-
-    # --- a cell that returns: in line with the others before it serves (``cells_settle.py``) ------------
-    def _serves(self, index: int, model: str) -> bool:
-        """Cell ``index`` is up and serves ``model`` (a settling cell: as its settled peers do)."""
-        cell = self.cells[index]
-        if not self.membership.taken_in(index) or model not in cell.models:
-            return False
-        if not self._settles:
-            return cell.in_line
-        return self._settler.agrees(index, model)
-
-    def live_cells(self) -> list[int]:
-        """Cells taken in whose signal came within the last second."""
-        return [index for index in range(len(self.cells)) if self.membership.is_live(index)]
-
-    def _reachable(self) -> list[RemoteController]:
-        """The cells a call can reach (joined, not dead): the others would only make it wait out its bound."""
-        return [self.cells[index] for index in self.membership.reachable()]
-
+    # --- the placement and the routing ------------------------------------------------------------
     async def _plan_every(self) -> None:
         while True:
             await asyncio.sleep(max(self.planner.next_replan_ns - self._clock.now_ns(), 0) / NS_PER_S)
@@ -239,7 +101,7 @@ class CellsPort:
         profiles = {name: served.profile for name, served in self.models.items()}
         replan = self.planner.replan(self._clock.now_ns(), self.membership.capacities(), profiles)
         for index, model in replan.warms if replan is not None else ():
-            self._spawn(self._warm(index, model))
+            self.roster.spawn(self._warm(index, model))
         return replan
 
     async def _warm(self, cell: int, model: str) -> bool:
@@ -252,7 +114,9 @@ class CellsPort:
     def _route(self, model: str, count: int, now_ns: int, tried: int | None = None, deadline_ns: int = 0) -> int:
         """The cell for a call of ``count`` samples (a second try: another than ``tried``): among the
         cells live and serving it, the planned ones; else those serving it; else every cell still there."""
-        serving = [c for c in self.membership.present() if self.cells[c].device_count > 0 and self._serves(c, model)]
+        serving = [
+            c for c in self.membership.present() if self.cells[c].device_count > 0 and self.roster.serves(c, model)
+        ]
         able = [c for c in serving if self.membership.is_live(c)]
         fallback = serving or self.membership.present()
         served = next((s for c in self.membership.present() if (s := self.cells[c].models.get(model)) is not None),
@@ -273,7 +137,7 @@ class CellsPort:
         merged: dict[str, ServedModel] = {}
         for index, cell in enumerate(self.cells):
             for name, served in cell.models.items():
-                if name not in merged and self._serves(index, name):
+                if name not in merged and self.roster.serves(index, name):
                     merged[name] = served
         return merged
 
@@ -298,7 +162,7 @@ class CellsPort:
 
     async def refresh(self) -> bool:
         # one that died meanwhile is left to its restart (``dead``)
-        await asyncio.gather(*(cell.refresh() for cell in self._reachable()), return_exceptions=True)
+        await asyncio.gather(*(cell.refresh() for cell in self.roster.reachable()), return_exceptions=True)
         return True
 
     async def warm(self, model: str) -> bool:
@@ -306,12 +170,10 @@ class CellsPort:
         cells = self.planner.placement.get(model) or self.membership.reachable()
         return any(await asyncio.gather(*(self._warm(index, model) for index in cells)))
 
-    async def infer(
-        self, model: str, samples: Sequence[Sample], slo_ns: int | None = None, waited_ns: int = 0
-    ) -> list[Answer]:
+    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0) -> list[Answer]:
         now = self._clock.now_ns()
         chosen = self._route(model, len(samples), now)
-        deadline = now - waited_ns + (slo_ns if slo_ns is not None else self.default_slo_ns)
+        deadline = now - waited_ns + slo_ns
         try:
             return await self.cells[chosen].infer(model, samples, slo_ns, waited_ns + self._clock.now_ns() - now)
         except ServiceError as error:
@@ -319,7 +181,7 @@ class CellsPort:
                 raise
             # a live cell that no longer knows this frontend (its socket reconnected under a new identity):
             # joined again, as after a restart
-            self._carry(self.membership.never_ran(chosen))
+            self.roster.carry(self.membership.never_ran(chosen))
             if deadline <= self._clock.now_ns():
                 raise
             try:  # its cell died with it, or a new run of the cell refused it: it never ran there
@@ -349,7 +211,7 @@ class CellsPort:
             if len(reachable) < len(self.membership.present()):
                 log.warning("%s of %s reaches %d of %d cells; the others get it when they return", what, model,
                             len(reachable), len(self.membership.present()))  # fmt: skip
-            results = await asyncio.gather(*(self._on_cell(i, call) for i in reachable), return_exceptions=True)
+            results = await asyncio.gather(*(self.roster.on_cell(i, call) for i in reachable), return_exceptions=True)
         missed = [i for i, r in zip(reachable, results, strict=True) if isinstance(r, ServiceError) and r.never_ran
                   and self.membership.down(i)]  # fmt: skip
         if len(missed) == len(reachable):
@@ -360,21 +222,8 @@ class CellsPort:
             if isinstance(result, BaseException) and index not in missed:
                 raise result
 
-    async def _on_cell(self, index: int, call: CellCall) -> None:
-        """``call`` on cell ``index``; refused by a new run of the cell (it never ran: the cell restarted
-        since this frontend joined it), once more after joining it again, as ``infer`` does."""
-        try:
-            await call(self.cells[index])
-        except ServiceError as error:
-            if not error.never_ran or not self.membership.never_ran(index):  # gone, or a rejoin under way
-                raise
-            await self._rejoin(index)
-            if self.membership.down(index):
-                raise
-            await call(self.cells[index])
-
     async def model_statistics(self, model: str) -> ModelStats:
-        cells = self._reachable()
+        cells = self.roster.reachable()
         stats = await asyncio.gather(*(cell.model_statistics(model) for cell in cells), return_exceptions=True)
         return summed_statistics(stats)
 
@@ -396,6 +245,6 @@ class CellsPort:
         return merged_timeline(seconds, list(zip(indices, views, strict=True)))
 
     def count_dropped_client(self, transport: str, cause: str) -> None:
-        reachable = self._reachable()
+        reachable = self.roster.reachable()
         if reachable:
             reachable[0].count_dropped_client(transport, cause)

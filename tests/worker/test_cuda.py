@@ -111,3 +111,14 @@ def test_onnx_on_a_cuda_device_is_served_or_named(tmp_path: object, results: Res
         np.testing.assert_allclose(got, run_onnx(repo.model_file("onnx_mlp"), {"x": x})[0], rtol=1e-4, atol=1e-5)
     finally:
         worker.close()
+
+
+def test_the_gpus_memory_and_each_models_load_time_are_reported(gpu_worker: TorchWorker) -> None:
+    """What the worker's heartbeats carry to ``/metrics`` (``nv_gpu_memory_used_bytes{gpu_uuid}``) and its hello
+    (``nv_model_load_duration_secs``)."""
+    (gpu,) = gpu_worker.gpu_memory()
+    _, total = torch.cuda.mem_get_info(0)
+    uuid = str(torch.cuda.get_device_properties(0).uuid)
+    assert gpu.uuid == (uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    assert gpu.total_bytes == total and 512 * MIB <= gpu.used_bytes <= total  # the page pool at least
+    assert all(gpu_worker.load_ns_of(model) > 0 for model in gpu_worker.profiles())

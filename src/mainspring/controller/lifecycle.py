@@ -74,7 +74,8 @@ class ModelLifecycle:
                 self._host.policy.add_model(profile)
                 config = msgspec.structs.replace(info.config, name=name)
                 self.models[name] = ServedModel(config, profile.renamed(name), info.version, key)
-                self._host.metrics.triton.serve(key, info.version)  # loaded before it joined: in an unknown time
+                load_s = info.load_ns / NS_PER_S if info.load_ns else None  # loaded before it joined, in its time
+                self._host.metrics.triton.serve(key, info.version, load_s)
                 matching.add(name)
             elif (
                 served is not None

@@ -249,6 +249,7 @@ class ControllerService:
     async def exposition(self) -> bytes:
         """The Prometheus metrics, in the text format."""
         self.metrics.loop_lag.set(self.load_limits.loop_lag_ns / NS_PER_S)
+        self.metrics.host.gpus = tuple(gpu for handle in self.connected.handles for gpu in handle.gpus)
         if self.ledger is not NO_LEDGER:
             for part, ns in [*self.ledger.ns.items(), ("unattributed", self.ledger.unattributed_ns())]:
                 self.metrics.controller_cpu.labels(part).set(ns / NS_PER_S)

@@ -24,3 +24,11 @@ class DeviceSpec(msgspec.Struct, frozen=True):
     @property
     def total_pages(self) -> int:
         return self.pool_bytes // self.page_bytes
+
+
+class GpuMemory(msgspec.Struct, frozen=True):
+    """One GPU's memory as its worker reads it (``cudaMemGetInfo``: the whole device, every process's use)."""
+
+    uuid: str  # as Triton's ``gpu_uuid`` label: ``GPU-`` and the device's UUID
+    used_bytes: int
+    total_bytes: int

@@ -75,6 +75,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     config: ModelConfig
     profile: dict[str, Any]
     version: int = 1
+    load_ns: int = 0  # how long the worker took to read, hold and warm it up; 0: not measured
 
 
 class ModelOperation(enum.Enum):

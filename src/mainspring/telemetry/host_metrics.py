@@ -1,36 +1,21 @@
 """Triton's CPU and GPU gauges (its metrics guide's names, units and ``gpu_uuid`` label): the controller's host
-from ``/proc``, read when ``/metrics`` is, and the GPUs' memory as their workers report it. Absent where
-there is nothing to read: no ``/proc`` (not Linux), no GPU."""
+from ``/proc``, read when ``/metrics`` is, and the GPUs' memory as their workers last reported it (with their
+heartbeats). Absent where there is nothing to read: no ``/proc`` (not Linux), no GPU."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from mainspring.protocol.devices import GpuMemory
+
 PROC = Path("/proc")
-
-
-@dataclass(frozen=True)
-class GpuMemory:
-    """One GPU's memory as its worker sees it (``cudaMemGetInfo``: the whole device's, every process's)."""
-
-    uuid: str  # as Triton labels it: ``GPU-`` and the device's UUID
-    used_bytes: int
-    total_bytes: int
 
 
 class HostMetrics:
     def __init__(self, proc: Path = PROC) -> None:
         self._proc = proc
         self._cpu_before: tuple[int, int] | None = None  # (busy, idle) jiffies at the last read
-        self._gpus: dict[str, dict[str, GpuMemory]] = {}  # by worker, by UUID
-
-    def report_gpus(self, worker: str, gpus: list[GpuMemory]) -> None:
-        """The latest memory figures of ``worker``'s GPUs (none: it has none, or it is gone)."""
-        if gpus:
-            self._gpus[worker] = {gpu.uuid: gpu for gpu in gpus}
-        else:
-            self._gpus.pop(worker, None)
+        self.gpus: tuple[GpuMemory, ...] = ()  # the connected workers' GPUs, set before each exposition
 
     def exposition(self) -> str:
         lines: list[str] = []
@@ -41,7 +26,7 @@ class HostMetrics:
             total, used = memory
             _gauge(lines, "nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", total)
             _gauge(lines, "nv_cpu_memory_used_bytes", "CPU used memory (RAM: total less available), in bytes", used)
-        gpus = {uuid: gpu for per_worker in self._gpus.values() for uuid, gpu in per_worker.items()}
+        gpus = {gpu.uuid: gpu for gpu in self.gpus}  # two workers on one GPU: one series
         if gpus:
             lines += ["# HELP nv_gpu_memory_total_bytes GPU total memory, in bytes",
                       "# TYPE nv_gpu_memory_total_bytes gauge"]  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from mainspring.protocol import Action, ActionResult, DeviceSpec
+from mainspring.protocol.devices import GpuMemory
 from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget
 
 
@@ -12,6 +13,11 @@ class WorkerHandle(Protocol):
     """One connected worker. Actions carry the worker's own device ids and the controller's clock."""
 
     name: str
+
+    @property
+    def gpus(self) -> tuple[GpuMemory, ...]:
+        """Its GPUs' memory, as it last reported it (none without a GPU)."""
+        ...
 
     def send_action(self, action: Action, inputs: list[Any] | None) -> None: ...
 

@@ -13,6 +13,7 @@ import msgspec
 import numpy as np
 
 from mainspring.protocol import Action, ActionResult, DeviceSpec
+from mainspring.protocol.devices import GpuMemory
 from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget
 from mainspring.protocol.tensors import Sample, datatype_of, numpy_dtype
 
@@ -41,6 +42,7 @@ class Result(msgspec.Struct, frozen=True, tag=True):
 class Pong(msgspec.Struct, frozen=True, tag=True):
     controller_ns: int
     worker_ns: int
+    gpus: tuple[GpuMemory, ...] = ()  # its GPUs' memory, for the controller's /metrics
 
 
 # controller -> worker

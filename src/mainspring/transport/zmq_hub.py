@@ -20,6 +20,7 @@ import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
 from mainspring.protocol import Action, ActionResult, Infer, Timing
+from mainspring.protocol.devices import GpuMemory
 from mainspring.protocol.models import ModelOperation, ModelReply, ModelTarget
 from mainspring.time import NO_LEDGER, Clock, CpuLedger, WallClock, s_to_ns
 from mainspring.transport.clock_sync import ClockSync
@@ -58,6 +59,7 @@ class RemoteWorker:
         self.sync = ClockSync()
         self.last_seen_ns = now_ns
         self.joined = False
+        self.gpus: tuple[GpuMemory, ...] = ()  # as its latest pong said
         self._hub = hub
 
     def send_action(self, action: Action, inputs: list[Any] | None) -> None:
@@ -217,6 +219,7 @@ class WorkerHub:
         worker.last_seen_ns = now
         if isinstance(message, Pong):
             worker.sync.observe(message.controller_ns, message.worker_ns, now)
+            worker.gpus = message.gpus
             if not worker.joined:
                 worker.joined = True
                 hello = worker.hello

@@ -15,6 +15,7 @@ from typing import Protocol
 from mainspring.models.errors import ModelLoadError
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec
+from mainspring.protocol.devices import GpuMemory
 from mainspring.protocol.models import ModelConfig, ModelInfo, ModelOperation, ModelReply, ModelTarget
 from mainspring.protocol.tensors import Sample
 
@@ -39,6 +40,14 @@ class Worker(Protocol):
         """The repository version served under ``model``."""
         ...
 
+    def load_ns_of(self, model: str) -> int:
+        """How long registering ``model`` took (0: not measured)."""
+        ...
+
+    def gpu_memory(self) -> tuple[GpuMemory, ...]:
+        """Its GPUs' memory now (none without a GPU)."""
+        ...
+
     def register(self, model: str, version: int | None = None, served_as: str = "") -> ModelProfile:
         """Start serving a repository model (at ``version``; None: the repository's), under ``served_as``
         (an internal name, ``SERVED_NAME``; "": its own); ``ModelLoadError`` with the reason if it cannot."""
@@ -57,7 +66,8 @@ class Worker(Protocol):
 
 def model_info(worker: Worker, model: str) -> ModelInfo:
     """What a worker announces about one of its models."""
-    return ModelInfo(worker.configs()[model], worker.profiles()[model].to_json(), worker.version_of(model))
+    profile = worker.profiles()[model].to_json()
+    return ModelInfo(worker.configs()[model], profile, worker.version_of(model), worker.load_ns_of(model))
 
 
 def apply_model_operation(worker: Worker, op_id: int, operation: ModelOperation, target: ModelTarget) -> ModelReply:

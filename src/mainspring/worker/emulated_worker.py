@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from mainspring.models.errors import ModelLoadError
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec
+from mainspring.protocol.devices import GpuMemory
 from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.tensors import Sample, TensorSpec
 from mainspring.worker.api import ResultCallback
@@ -63,6 +64,12 @@ class EmulatedWorker:
 
     def version_of(self, model: str) -> int:
         return 1
+
+    def load_ns_of(self, model: str) -> int:
+        return 0  # profiles only: nothing is read or warmed up
+
+    def gpu_memory(self) -> tuple[GpuMemory, ...]:
+        return ()
 
     def register(self, model: str, version: int | None = None, served_as: str = "") -> ModelProfile:
         key = served_as or model

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mainspring.protocol import Action, ActionResult
+from mainspring.protocol.devices import GpuMemory
 from mainspring.protocol.models import ModelOperation, ModelTarget
 from mainspring.transport.links import WorkerEvents
 from mainspring.worker.api import ResultCallback, Worker, apply_model_operation, model_info
@@ -45,6 +46,10 @@ class InProcessWorker:
             return
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for this result
             self._loop.call_soon_threadsafe(self._events.on_result, self, result)
+
+    @property
+    def gpus(self) -> tuple[GpuMemory, ...]:
+        return self.worker.gpu_memory()
 
     def send_action(self, action: Action, inputs: list[Any] | None) -> None:
         self.worker.submit(action, inputs)

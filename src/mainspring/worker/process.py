@@ -242,7 +242,7 @@ class WorkerConnection:
                 self._in_flight.add(message.action.action_id)
             self.worker.submit(message.action, samples)
         elif isinstance(message, Ping):
-            sock.send_multipart(encode(Pong(message.controller_ns, self._clock.now_ns())))
+            sock.send_multipart(encode(Pong(message.controller_ns, self._clock.now_ns(), self.worker.gpu_memory())))
         elif isinstance(message, ModelOp):
             threading.Thread(target=self._model_op, args=(message,), name="model-op", daemon=True).start()
         elif isinstance(message, Bye):

@@ -23,12 +23,14 @@ from mainspring.models.loading import load_module, state_tensors
 from mainspring.models.profile import ModelProfile
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol import CPU_KIND, Action, DeviceSpec
+from mainspring.protocol.devices import GpuMemory
 from mainspring.protocol.models import ModelConfig
 from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB
 from mainspring.protocol.tensors import Sample
 from mainspring.time import Clock, WallClock
 from mainspring.worker.api import ResultCallback
 from mainspring.worker.runtimes.device_memory import pool_after_registration
+from mainspring.worker.runtimes.gpu_memory import GpuMemoryReader
 from mainspring.worker.runtimes.host_weights import HostModel, PinningError, drop_weights
 from mainspring.worker.runtimes.load_leftovers import LoadLeftovers
 from mainspring.worker.runtimes.torch_device import ExecSettings, TorchDevice
@@ -126,6 +128,8 @@ class TorchWorker:
         self.kind = kinds.pop()
         self._models: dict[str, tuple[ModelConfig, ModelProfile]] = {}
         self._versions: dict[str, int] = {}
+        self._load_ns: dict[str, int] = {}  # how long each registration took
+        self._gpus = GpuMemoryReader([d.device for d in self._devices], self._clock)
         self._lock = threading.Lock()
         self.leftovers = LoadLeftovers(enabled=not keep_load_leftovers)
         self.load_errors: dict[str, str] = {}
@@ -163,6 +167,12 @@ class TorchWorker:
     def version_of(self, model: str) -> int:
         return self._versions[model]
 
+    def load_ns_of(self, model: str) -> int:
+        return self._load_ns.get(model, 0)
+
+    def gpu_memory(self) -> tuple[GpuMemory, ...]:
+        return self._gpus.read()
+
     def resident_models(self, device: int = 0) -> frozenset[str]:
         return self._devices[device].resident_models
 
@@ -174,8 +184,11 @@ class TorchWorker:
             if key in self._models:
                 raise ModelLoadError(f"model {key!r} is already registered")
             try:
+                begin = self._clock.now_ns()
                 with self.leftovers.reading(key):
-                    return self._register(model, version, key)
+                    profile = self._register(model, version, key)
+                self._load_ns[key] = self._clock.now_ns() - begin
+                return profile
             except ModelLoadError:
                 raise
             except Exception as error:  # a bad config, a profile that does not validate: this model alone fails
@@ -226,6 +239,7 @@ class TorchWorker:
         """Stop serving ``model`` and free its pages. The controller must not send it actions afterwards."""
         with self._lock:
             self._models.pop(model, None)
+            self._load_ns.pop(model, None)
             for device in self._devices:
                 device.remove(model)
             self.leftovers.forget(model)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -40,50 +41,69 @@ def cpu_s(pid: int) -> float:
 
 
 def children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    """The process's children, whichever of its threads started them."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 class LiveServer:
-    """A server and its emulated workers (``devices`` in all, ``models`` each); ``env``: settings as
-    ``MAINSPRING_*`` variables. ``cells`` 0: the controller is the serve process itself."""
+    """A server and its emulated workers (``devices`` in all, ``models`` each). ``settings``: more of
+    ``ServeConfig``'s fields. ``cells`` 0: the controller is the serve process itself, which is also the
+    frontend; ``cells`` N >= 1: N controller processes (``serving.local_cells``; 1: the controller apart from
+    the frontend), each with an emulated worker of its own."""
 
-    def __init__(self, folder: Path, env: dict[str, str] | None = None, frontends: int = 1, cells: int = 0,
+    def __init__(self, folder: Path, settings: dict[str, object] | None = None, frontends: int = 1, cells: int = 0,
                  devices: int = 8, models: int = 200, slo_ms: float = 100.0, tag: str = "") -> None:  # fmt: skip
         self.http, grpc = free_ports(2)
-        worker_ports = free_ports(max(cells, 1))
         self.cells = cells
-        environment = {**os.environ, **(env or {})}
         self._logs: list[IO[bytes]] = []
-        serve = [*MAINSPRING, "serve", "--workers", "tcp", "--allow-open-workers", "--http-port", str(self.http),
-                 "--grpc-port", str(grpc), "--worker-port", str(worker_ports[0]), "--frontends", str(frontends),
-                 "--slo-ms", str(slo_ms)]  # fmt: skip
-        if cells:
-            # cells take consecutive worker ports from --worker-port: ask for a free run of them
-            base = _free_run(cells)
-            worker_ports = list(range(base, base + cells))
-            serve[serve.index("--worker-port") + 1] = str(base)
-            serve += ["--cells", str(cells)]
-        self.server = self._start(serve, folder / f"serve{tag}.log", environment)
-        spread = len(worker_ports)
-        per_worker = [devices // spread + (i < devices % spread) for i in range(spread)]
+        worker_port = _free_run(max(cells, 1))  # cell i takes workers on worker_port + i
+        config = {"workers": "tcp", "allow_open_workers": True, "http_port": self.http, "grpc_port": grpc,
+                  "worker_port": worker_port, "frontends": frontends, "slo_ms": slo_ms, "cells": max(cells, 1),
+                  **(settings or {})}  # fmt: skip
+        run = "run_cells" if cells else "run_server"
+        code = (f"import json, sys; from mainspring.serving.config import ServeConfig; "
+                f"from mainspring.serving.{'local_cells' if cells else 'server'} import {run}; "
+                f"raise SystemExit({run}(ServeConfig(**json.loads(sys.argv[1]))))")  # fmt: skip
+        self.server = self._start([sys.executable, "-c", code, json.dumps(config)], folder / f"serve{tag}.log")
+        ports = max(cells, 1)
+        per_worker = [devices // ports + (i < devices % ports) for i in range(ports)]
         self.workers = []
-        for i, (port, count) in enumerate(zip(worker_ports, per_worker, strict=True)):
-            emulate = [*MAINSPRING, "worker", "--controller", f"tcp://127.0.0.1:{port}", "--emulate", "--count",
-                       str(count), "--models", str(models), "--name", f"emulated-{i}"]  # fmt: skip
-            self.workers.append(self._start(emulate, folder / f"worker{tag}-{i}.log", environment))
+        for i, count in enumerate(per_worker):
+            emulate = [*MAINSPRING, "worker", "--controller", f"tcp://127.0.0.1:{worker_port + i}", "--emulate",
+                       "--count", str(count), "--models", str(models), "--name", f"emulated-{i}"]  # fmt: skip
+            self.workers.append(self._start(emulate, folder / f"worker{tag}-{i}.log"))
+        try:
+            self._wait_ready(devices, folder)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, devices: int, folder: Path) -> None:
         deadline = time.monotonic() + 120
         while http_call(f"http://127.0.0.1:{self.http}/v2/health/ready")[0] != 200 or not self._all_devices(devices):
             if time.monotonic() > deadline or self.server.poll() is not None:
                 raise RuntimeError(f"the server did not get ready: see {folder}")
             time.sleep(0.2)
 
-    def _start(self, command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _start(self, command: list[str], log: Path) -> subprocess.Popen[bytes]:
         out = log.open("wb")
         self._logs.append(out)
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 
     def _all_devices(self, devices: int) -> bool:
-        return f"mainspring_devices {devices}".encode() in self.metrics_text() if not self.cells else True
+        text = self.metrics_text()
+        return (
+            sum(float(v) for v in re.findall(rb"^mainspring_devices(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE))
+            == devices
+        )
 
     def metrics_text(self) -> bytes:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=10) as response:

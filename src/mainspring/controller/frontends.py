@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
@@ -28,6 +27,7 @@ from mainspring.models.errors import ModelLoadError
 from mainspring.protocol import Outcome
 from mainspring.protocol.models import ModelInfo
 from mainspring.protocol.tensors import Sample
+from mainspring.transport.batched import Batched
 from mainspring.transport.frontend_messages import (
     CAUSES,
     RESTARTED,
@@ -58,9 +58,9 @@ class FrontendHub:
         self._context = zmq.asyncio.Context() if self._secret else zmq.asyncio.Context.instance()  # its own ZAP handler
         self._authenticator: AsyncioAuthenticator | None = None
         self._socket: zmq.asyncio.Socket | None = None
+        self._batched: Batched | None = None  # the socket read and written without a future per message
         self._frontends: dict[bytes, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._receiver: asyncio.Task[None] | None = None
         self._sent: object = None
         self._seq = 0  # of the last state sent
         self._applied: dict[bytes, int] = {}  # the last state each frontend said it answers from
@@ -85,16 +85,18 @@ class FrontendHub:
         except zmq.ZMQError as error:
             raise OSError(f"cannot listen for frontends on {self.endpoint}: {error.strerror}") from None
         self.service.state_listeners.append(self._broadcast_if_changed)
-        self._receiver = asyncio.create_task(self._receive())
+        self._batched = Batched(socket, self._take)
+        self._batched.start()
 
     async def close(self) -> None:
         if self._broadcast_if_changed in self.service.state_listeners:
             self.service.state_listeners.remove(self._broadcast_if_changed)
-        for task in (self._receiver, *self._tasks):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self._batched is not None:
+            self._batched.stop()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._socket is not None:
             self._socket.close(0)
         if self._authenticator is not None:
@@ -126,7 +128,7 @@ class FrontendHub:
         self._seq += 1
         state, targets = self._state(), list(self._frontends)
         for identity in targets:
-            await self._send(identity, state)
+            self._send(identity, state)
         deadline = asyncio.get_running_loop().time() + timeout_s
         while late := [i for i in targets if i in self._frontends and self._applied.get(i, 0) < state.seq]:
             left = deadline - asyncio.get_running_loop().time()
@@ -139,22 +141,17 @@ class FrontendHub:
                 await asyncio.wait_for(self._acked.wait(), left)
 
     # --- calls -----------------------------------------------------------------------------------
-    async def _receive(self) -> None:
-        assert self._socket is not None
-        while True:
-            identity, *frames = await self._socket.recv_multipart(copy=False)
-            with self._receive_part:
-                joined = self._take(bytes(identity.buffer), frames)
-            if joined is not None:
-                await joined
+    def _take(self, message: list[zmq.Frame]) -> None:
+        with self._receive_part:
+            self._dispatch(bytes(message[0].buffer), message[1:])
 
-    def _take(self, key: bytes, frames: list[zmq.Frame]) -> Awaitable[None] | None:
-        """Decode and dispatch one message; what must be awaited before the next (a join's state)."""
+    def _dispatch(self, key: bytes, frames: list[zmq.Frame]) -> None:
+        """Decode and act on one message."""
         try:
             message, samples = decode_frontend([frame.buffer for frame in frames])
         except CodecError as error:
             log.warning("dropped a message from a frontend: %s", error)
-            return None
+            return
         if isinstance(message, Join):
             for stale in [k for k, name in self._frontends.items() if name == message.frontend]:
                 del self._frontends[stale]  # that process is gone: this is the one started after it
@@ -162,15 +159,15 @@ class FrontendHub:
                 self._calls_of.pop(stale, None)
             self._frontends[key] = message.frontend
             log.info("frontend %s joined", message.frontend)
-            return self._send(key, self._state())
-        if isinstance(message, Applied):
+            self._send(key, self._state())
+        elif isinstance(message, Applied):
             self._applied[key] = max(self._applied.get(key, 0), message.seq)
             self._acked.set()
         elif isinstance(message, Submit | Ask) and key not in self._frontends:
             # Sent to a process of this controller that died (it queued in the frontend's socket): that
             # frontend will not wait for it, and running it here would do the work twice.
             reason = "this controller was restarted since the call was sent; the frontend joins it again"
-            return self._send(key, Refused(message.call, RESTARTED, reason))
+            self._send(key, Refused(message.call, RESTARTED, reason))
         elif isinstance(message, Submit) and samples is not None:
             self._spawn(self._infer(key, message, samples, time.monotonic_ns()))
         elif isinstance(message, Ask):
@@ -179,7 +176,6 @@ class FrontendHub:
             for transport, cause, count in message.counts:
                 if transport in ("http", "grpc") and cause in CAUSES and count > 0:  # a counter only goes up
                     self.service.count_dropped_client(transport, cause, self._frontends.get(key, "?"), count)
-        return None
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)
@@ -198,14 +194,13 @@ class FrontendHub:
         try:
             answers = await self.service.infer(submit.model, samples, submit.slo_ns, waited)
         except ServiceError as error:
-            await self._send(identity, Refused(submit.call, error.kind, str(error)))
+            self._send(identity, Refused(submit.call, error.kind, str(error)))
             return
         with self._answer_part:
             outputs = [output if response.outcome is Outcome.SERVED else {} for response, output in answers]
             reply = Answers(submit.call, [r.outcome for r, _ in answers], [r.reason for r, _ in answers],
                             metas_of(outputs))  # fmt: skip
-            sent = self._send_now(identity, reply, outputs)
-        await sent
+            self._send(identity, reply, outputs)
 
     async def _ask(self, identity: bytes, ask: Ask) -> None:
         service = self.service
@@ -226,26 +221,22 @@ class FrontendHub:
             elif ask.what == "timeline":
                 value = await service.timeline_view(ask.seconds)
             elif ask.what == "state":
-                await self._send(identity, self._state())
+                self._send(identity, self._state())
             elif ask.what == "in_line":  # a cell: the server brought it in line with the others
                 service.in_line = True
                 await service.announce()
             else:
                 raise ServiceError("invalid", f"unknown question {ask.what!r}")
         except ServiceError as error:
-            await self._send(identity, Refused(ask.call, error.kind, str(error)))
+            self._send(identity, Refused(ask.call, error.kind, str(error)))
         except ModelLoadError as error:
-            await self._send(identity, Refused(ask.call, "invalid", str(error)))
+            self._send(identity, Refused(ask.call, "invalid", str(error)))
         else:
-            await self._send(identity, Reply(ask.call, value))
+            self._send(identity, Reply(ask.call, value))
 
-    async def _send(self, identity: bytes, message: msgspec.Struct, samples: list[Sample] | None = None) -> None:
-        await self._send_now(identity, message, samples)
-
-    def _send_now(
-        self, identity: bytes, message: msgspec.Struct, samples: list[Sample] | None = None
-    ) -> Awaitable[Any]:
-        """Encode and hand the message to the socket now; awaiting the result waits until it is queued."""
-        if self._socket is None:
-            return asyncio.sleep(0)
-        return self._socket.send_multipart([identity, *encode(message, samples)], copy=False)
+    def _send(self, identity: bytes, message: msgspec.Struct, samples: list[Sample] | None = None) -> None:
+        """Encode and queue the message now (a frontend whose queue is full loses it, as ZeroMQ's ROUTER
+        does: that frontend is gone or stuck, and its calls end with its own timeouts)."""
+        if self._batched is not None:
+            with contextlib.suppress(zmq.Again, zmq.ZMQError):  # gone meanwhile: nothing to send it to
+                self._batched.send([identity, *encode(message, samples)])

@@ -41,6 +41,7 @@ class Cell:
         self._hub = FrontendHub(service, role.endpoint, secret=secret)
         self._publisher = SignalPublisher(role.signal_endpoint, self.signal, secret)
         self._ticker: asyncio.Task[None] | None = None
+        self._signal_part = service.ledger.part("signal")
         self._incarnation = time.monotonic_ns()  # tells the frontends a restarted process from a slow one
 
     async def start(self) -> None:
@@ -53,7 +54,8 @@ class Cell:
         while True:
             await asyncio.sleep(SIGNAL_PERIOD_S)
             try:
-                self._publisher.tick()
+                with self._signal_part:
+                    self._publisher.tick()
             except Exception:  # a bug in the signal must not end the cell: the frontends see it silent
                 log.exception("the load signal failed; it is published no more")
                 return

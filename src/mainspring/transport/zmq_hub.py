@@ -23,6 +23,7 @@ from mainspring.protocol import Action, ActionResult, Infer, Timing
 from mainspring.protocol.devices import GpuMemory
 from mainspring.protocol.models import ModelOperation, ModelReply, ModelTarget
 from mainspring.time import NO_LEDGER, Clock, CpuLedger, WallClock, s_to_ns
+from mainspring.transport.batched import Batched
 from mainspring.transport.clock_sync import ClockSync
 from mainspring.transport.links import WorkerEvents
 from mainspring.transport.messages import (
@@ -122,6 +123,7 @@ class WorkerHub:
         # A worker that reconnects (a new socket, the same name) takes its name over from the old connection,
         # which may not have closed yet; without this the new one is ignored.
         self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._batched = Batched(self._socket, self._take, copy=True)  # no future per message (``batched.py``)
         self._secret = secret
         self._authenticator: AsyncioAuthenticator | None = None
         self._monitor: zmq.asyncio.Socket | None = None  # handshake failures (``report_failed_handshakes``)
@@ -145,7 +147,8 @@ class WorkerHub:
             raise OSError(f"cannot listen for workers on {self.address}: {error.strerror}") from None
         self._monitor = self._socket.get_monitor_socket(HANDSHAKE_FAILED)
         watch = report_failed_handshakes(self._monitor, self.endpoint, bool(self._secret))
-        self._tasks = [asyncio.create_task(c) for c in (self._receive(), self._heartbeat(), watch)]
+        self._batched.start()
+        self._tasks = [asyncio.create_task(c) for c in (self._heartbeat(), watch)]
         log.info("waiting for workers on %s", self.endpoint)
 
     async def close(self, reason: str = "controller shutting down") -> None:
@@ -153,6 +156,7 @@ class WorkerHub:
         for worker in list(self._workers.values()):
             worker.close(reason)
         await asyncio.sleep(0.05)  # let the byes leave
+        self._batched.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -168,15 +172,11 @@ class WorkerHub:
 
     def send(self, worker: RemoteWorker, message: Message, samples: list[Any] | None = None) -> None:
         try:
-            sent = self._socket.send_multipart([worker.identity, *encode(message, samples)], copy=False)
+            self._batched.send([worker.identity, *encode(message, samples)])
+        except zmq.Again as error:  # a thousand messages it has not taken: it reads no more
+            self._unreachable(worker, error)
         except zmq.ZMQError as error:
             self._unreachable(worker, error)
-            return
-        asyncio.ensure_future(sent).add_done_callback(lambda done: self._check_sent(done, worker))
-
-    def _check_sent(self, done: asyncio.Future[Any], worker: RemoteWorker) -> None:
-        if not done.cancelled() and isinstance(done.exception(), zmq.ZMQError):
-            self._unreachable(worker, done.exception())
 
     def _unreachable(self, worker: RemoteWorker, error: BaseException | None) -> None:
         """ZeroMQ dropped the peer (its connection closed): lost now, without waiting for the heartbeat timeout."""
@@ -184,14 +184,13 @@ class WorkerHub:
             log.warning("worker %s unreachable (%s): lost", worker.name, error)
             self._lose(worker)
 
-    async def _receive(self) -> None:
-        while True:
-            identity, *frames = await self._socket.recv_multipart()
-            try:
-                with self._receive_part:
-                    self._dispatch(identity, frames)
-            except Exception:  # a bug must not stop the controller
-                log.exception("could not handle a message from worker %r", identity)
+    def _take(self, message: list[Any]) -> None:
+        identity, *frames = message
+        try:
+            with self._receive_part:
+                self._dispatch(identity, frames)
+        except Exception:  # a bug must not stop the controller
+            log.exception("could not handle a message from worker %r", identity)
 
     def _dispatch(self, identity: bytes, frames: list[bytes]) -> None:
         worker = self._workers.get(identity)

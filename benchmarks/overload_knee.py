@@ -45,8 +45,7 @@ def row(setting: str, label: str, rate: float, report: dict[str, object], sent: 
 
 def measure(shed: bool, args: argparse.Namespace, folder: Path) -> None:
     setting = f"shed {'on' if shed else 'off'}"
-    env = {"MAINSPRING_SHED_AT_ARRIVAL": "true" if shed else "false"}
-    setup = LiveServer(folder, env, frontends=args.frontends, tag=f"-shed-{shed}")
+    setup = LiveServer(folder, {"shed_at_arrival": shed}, frontends=args.frontends, tag=f"-shed-{shed}")
     try:
         asyncio.run(offer(setup.http, 100.0, 3.0, 0))  # warm-up: the models' first loads
         ramp = []

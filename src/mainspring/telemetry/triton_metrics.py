@@ -13,7 +13,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 
-from mainspring.protocol import Action, ActionResult, Infer, Outcome, Request, Response, ResponseStatus
+from mainspring.protocol import Action, ActionResult, Infer, Outcome, Request, Response
 from mainspring.protocol.models import served_name
 from mainspring.time import NS_PER_S, NS_PER_US
 
@@ -34,7 +34,9 @@ REASON_OF_OUTCOME = {
 }
 QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)  # Triton's default summary quantiles
 SUMMARY_WINDOW_NS = 60 * NS_PER_S  # prometheus-cpp's default max age, Triton's
-SUMMARY_MAX_OBSERVATIONS = 20_000  # per model: the window is the last 60 s or these, whichever is fewer
+# Per model: the window is the last 60 s or these, whichever is fewer; sorting them when /metrics is read holds the
+# controller's loop about a millisecond (a slow shared core's figure)
+SUMMARY_MAX_OBSERVATIONS = 4096
 
 COUNTERS = (  # (name, attribute of ModelSeries in ns or a count, help)
     ("nv_inference_request_success", "success",
@@ -53,11 +55,11 @@ COUNTERS = (  # (name, attribute of ModelSeries in ns or a count, help)
     ("nv_inference_compute_output_duration_us", "output_ns",
      "Not measured apart: copying the outputs is part of the batch's execution (compute_infer), in microseconds"),
 )  # fmt: skip
-SUMMARIES = (  # (name, index in an observation, help)
-    ("nv_inference_request_summary_us", 1, "Time from arrival to answer of successful requests, in microseconds"),
-    ("nv_inference_queue_summary_us", 2,
+SUMMARIES = (  # (name, index in ModelSeries.recent, help)
+    ("nv_inference_request_summary_us", 0, "Time from arrival to answer of successful requests, in microseconds"),
+    ("nv_inference_queue_summary_us", 1,
      "Time from arrival to the start of the batch on the worker of successful requests, in microseconds"),
-    ("nv_inference_compute_infer_summary_us", 3,
+    ("nv_inference_compute_infer_summary_us", 2,
      "Execution time of the batch that served each successful request, in microseconds"),
 )  # fmt: skip
 
@@ -65,8 +67,8 @@ SUMMARIES = (  # (name, index in an observation, help)
 class ModelSeries:
     """Everything counted for one model at one version (its label set)."""
 
-    __slots__ = ("executions", "failures", "infer_ns", "inferences", "input_ns", "labels", "output_ns", "pending",
-                 "queue_ns", "request_ns", "success", "window")  # fmt: skip
+    __slots__ = ("answered_at", "executions", "failures", "infer_ns", "inferences", "input_ns", "labels", "output_ns",
+                 "pending", "queue_ns", "recent", "request_ns", "success")  # fmt: skip
 
     def __init__(self, model: str, version: int) -> None:
         self.labels = (model, str(version))
@@ -74,8 +76,9 @@ class ModelSeries:
         self.request_ns = self.queue_ns = self.infer_ns = 0
         self.input_ns = self.output_ns = 0  # not measured apart (COUNTERS)
         self.failures = dict.fromkeys(FAILURE_REASONS, 0)
-        # (answered at, request, queue, compute infer), ns, of the latest successful requests
-        self.window: deque[tuple[int, int, int, int]] = deque(maxlen=SUMMARY_MAX_OBSERVATIONS)
+        # The latest successful requests: when each was answered, and its request, queue and compute infer ns
+        self.answered_at: deque[int] = deque(maxlen=SUMMARY_MAX_OBSERVATIONS)
+        self.recent = tuple(deque[int](maxlen=SUMMARY_MAX_OBSERVATIONS) for _ in SUMMARIES)
 
 
 class TritonMetrics:
@@ -116,7 +119,7 @@ class TritonMetrics:
         self.series(key).failures[REJECTED] += count
 
     def on_request(self, request: Request) -> None:
-        series = self.series(request.model)
+        series = self._by_key.get(request.model) or self.series(request.model)
         series.pending += 1
         self._open[request.id] = series
         self._pending.add(request.id)
@@ -147,12 +150,13 @@ class TritonMetrics:
                 self._ran[request_id] = ran
 
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
-        series = self._open.pop(request.id, None) or self.series(request.model)
-        if request.id in self._pending:
-            self._pending.discard(request.id)
+        request_id = request.id
+        series = self._open.pop(request_id, None) or self.series(request.model)
+        if request_id in self._pending:
+            self._pending.discard(request_id)
             series.pending -= 1
-        ran = self._ran.pop(request.id, None)
-        if response.status is not ResponseStatus.SUCCESS:
+        ran = self._ran.pop(request_id, None)
+        if response.outcome is not Outcome.SERVED:  # the one success (``Outcome.status``), without its lookup
             series.failures[REASON_OF_OUTCOME.get(response.outcome, OTHER)] += 1
             return
         latency = now_ns - request.arrival_ns
@@ -161,7 +165,11 @@ class TritonMetrics:
         series.request_ns += latency
         series.queue_ns += queue
         series.infer_ns += infer
-        series.window.append((now_ns, latency, queue, infer))
+        series.answered_at.append(now_ns)
+        request_window, queue_window, infer_window = series.recent
+        request_window.append(latency)
+        queue_window.append(queue)
+        infer_window.append(infer)
 
     # --- /metrics ---------------------------------------------------------------------------------
     def exposition(self, now_ns: int) -> str:
@@ -182,7 +190,7 @@ class TritonMetrics:
                 "Requests admitted and not yet handed to a worker in a batch")  # fmt: skip
         lines += [f"nv_inference_pending_request_count{{{_labels(s.labels)}}} {s.pending}" for s in every]
         for s in every:
-            _prune(s.window, now_ns - SUMMARY_WINDOW_NS)
+            _prune(s, now_ns - SUMMARY_WINDOW_NS)
         for name, index, text in SUMMARIES:
             _header(lines, name, "summary", text)
             for s in every:
@@ -196,18 +204,21 @@ class TritonMetrics:
 
 def _summary(name: str, series: ModelSeries, index: int) -> Iterable[str]:
     labels = _labels(series.labels)
-    total = (series.request_ns, series.queue_ns, series.infer_ns)[index - 1]
+    total = (series.request_ns, series.queue_ns, series.infer_ns)[index]
     yield f"{name}_count{{{labels}}} {series.success}"
     yield f"{name}_sum{{{labels}}} {total // NS_PER_US}"
-    values = sorted(observation[index] for observation in series.window)
+    values = sorted(series.recent[index])
     for q in QUANTILES:  # the nearest rank; NaN with none in the window, as prometheus-cpp's
         value = values[max(0, math.ceil(q * len(values)) - 1)] / NS_PER_US if values else math.nan
         yield f'{name}{{{labels},quantile="{q}"}} {"NaN" if math.isnan(value) else repr(value)}'
 
 
-def _prune(window: deque[tuple[int, int, int, int]], since_ns: int) -> None:
-    while window and window[0][0] < since_ns:
-        window.popleft()
+def _prune(series: ModelSeries, since_ns: int) -> None:
+    answered_at = series.answered_at
+    while answered_at and answered_at[0] < since_ns:
+        answered_at.popleft()
+        for window in series.recent:
+            window.popleft()
 
 
 def _header(lines: list[str], name: str, kind: str, text: str) -> None:

@@ -37,7 +37,7 @@ def gpu_worker(small_zoo: ModelRepository, results: Results) -> Iterator[TorchWo
 
 def test_weights_are_pinned_and_pages_are_on_the_gpu(gpu_worker: TorchWorker, results: Results) -> None:
     device = gpu_worker._devices[0]
-    assert device._arena.is_cuda
+    assert device.arena.tensor.is_cuda
     assert all(t.is_pinned() for t in device._bindings["resnet18"].model.host)
     load = results.load("resnet18")
     gpu_worker.submit(load)

@@ -235,6 +235,6 @@ def test_a_second_gpu_serves_as_the_first(small_zoo: ModelRepository, results: R
     try:
         load(worker, results, "resnet18")
         infer_checked(worker, results, "resnet18", 4, 4)
-        assert worker._devices[0]._arena.device == torch.device("cuda", 1)
+        assert worker._devices[0].arena.tensor.device == torch.device("cuda", 1)
     finally:
         worker.close()

@@ -65,12 +65,12 @@ def test_onnx_weights_live_in_pages_only_while_loaded(
     assert device.pool.used_pages == 0
     assert run(worker, results, results.load("onnx_mlp")).status is ActionStatus.OK
     assert device.pool.used_pages == device.pool.total_pages == 1
-    arena = device._arena.data_ptr()
+    arena = device.arena.tensor.data_ptr()
     for buffer in device._bindings["onnx_mlp"].params:  # the weights the session reads are in the page
         assert arena <= buffer.data_ptr() < arena + PAGE
     for batch, count in ((1, 1), (2, 2), (4, 3), (8, 5)):  # every batch size, padded where needed
         np.testing.assert_allclose(infer(worker, results, "onnx_mlp", x[:count], batch), expected[:count], rtol=1e-5)
-    device._arena.zero_()  # ONNX Runtime reads the page: cleared, every row gets the same (the graph's b2)
+    device.arena.tensor.zero_()  # ONNX Runtime reads the page: cleared, every row gets the same (the graph's b2)
     cleared = infer(worker, results, "onnx_mlp", x[:2], 2)
     assert not np.allclose(cleared, expected[:2]) and np.array_equal(cleared[0], cleared[1])
     # Another model cannot load while it holds the pool; evicted, its page goes to that model ...

@@ -66,7 +66,7 @@ def test_weights_live_in_pages_and_no_tensor_straddles_a_page(worker: TorchWorke
     device = worker._devices[0]
     pages = device.pool.page_numbers("resnet18")
     assert pages == list(range(worker.profiles()["resnet18"].pages(16 * MIB)))
-    arena = device._arena
+    arena = device.arena.tensor
     base, page_bytes = arena.data_ptr(), device.spec.page_bytes
     binding = device._bindings["resnet18"]
     for param in binding.params:

@@ -1,13 +1,11 @@
 """One real device (a CPU arena or a CUDA GPU) running actions with PyTorch.
 
-Weights of every registered model stay in host memory (pinned on CUDA). The device
-allocates its page pool once, as one arena (a GPU's once its models are registered:
-``open_pool``); ``LoadWeights`` copies a model's tensors
-into pages (first-fit-decreasing, never straddling a page) and points the module's
-parameters at those page views, so inference reads the weights from the pages and no
-other copy is made. ``EvictWeights`` returns the pages. Each load is a new
-``Residency``; an inference that finds a different one when it ends (its model was
-evicted or reloaded meanwhile) reports an error instead of outputs that may be wrong.
+Weights of every registered model stay in host memory (pinned on CUDA). ``LoadWeights`` copies a
+model's tensors into pages of the device's pool (``weight_arena.py``) and points the module's
+parameters at those page views; ``EvictWeights`` returns the pages. Each load is a new ``Residency``;
+an inference that finds a different one when it ends (its model was evicted or reloaded meanwhile)
+reports an error instead of outputs that may be wrong. A failed batch's requests run alone
+(``failed_batch.py``).
 
 On CUDA a load's CUDA graphs (one per batch size) are captured after its result is out, a batch
 size at a time while no load is due within 50 ms (``Lane.when_idle``): a load takes what its
@@ -15,9 +13,8 @@ profile predicts (a copy), and the model runs eagerly until its graphs are in. C
 a stream of their own and every graph of the device draws from one shared memory pool (replays are
 serial on the exec stream, so graphs may share scratch memory). A batch size that fails to
 capture is not tried again at later loads. Warm-up runs on a stream of its own, never between
-the exec lane's timed inferences. A CUDA error that poisons the context (a device-side assert,
-an illegal address) cannot be recovered in the process: the device refuses all work from then
-on and ``on_lost`` is told, so that the worker process starts over.
+the exec lane's timed inferences. A CUDA error that poisons the context refuses all work from then
+on and starts the worker over (``lost_context.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import contextlib
 import functools
 import logging
 import os
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -53,8 +49,11 @@ from mainspring.worker.executor import Lane, ResultSink
 from mainspring.worker.pages import PagePool
 from mainspring.worker.runtimes.batches import as_tuple, check_batch, check_outputs
 from mainspring.worker.runtimes.cuda_graphs import GraphCapture, is_sticky_cuda_error
+from mainspring.worker.runtimes.failed_batch import run_alone
 from mainspring.worker.runtimes.host_weights import HostModel, drop_weights
 from mainspring.worker.runtimes.input_buffers import SharedInputs, new_buffers
+from mainspring.worker.runtimes.lost_context import LostContext
+from mainspring.worker.runtimes.weight_arena import WeightArena
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +109,7 @@ class TorchDevice:
         self.settings = settings
         self._clock = clock
         self._cuda = torch_device.type == "cuda"
-        self.pool = PagePool(spec.page_bytes, spec.page_bytes)  # until ``open_pool``
-        self._arena = torch.empty(0, dtype=torch.uint8, device=torch_device)
-        self.pool_open = False
+        self.arena = WeightArena(torch_device, spec.page_bytes)
         if spec.pool_bytes:
             self.open_pool(spec.pool_bytes)
         self.activation_peaks: dict[str, int] = {}  # CUDA: bytes a model's warm-up took beyond its weights
@@ -124,11 +121,8 @@ class TorchDevice:
         self._load_stream = _stream(torch_device) if self._cuda else None
         self._warmup_stream = _stream(torch_device) if self._cuda else None
         self.graphs = GraphCapture(torch_device, _stream(torch_device) if self._cuda else None)
-        self.lost = ""  # why the CUDA context is unusable, once it is
-        self._lost_by: int | None = None  # the action whose result says so (the worker is told after it)
-        self._lost_lock = threading.Lock()
+        self.lost_context = LostContext(torch_device, on_lost)
         self._sink = sink
-        self._on_lost = on_lost
         pin = _pin_to_core(settings.pin_core) if settings.pin_core is not None else None
         self._exec_lane = Lane(f"exec-{spec.device}", clock, self._run_exec, self._deliver, on_thread_start=pin)
         # Captures run on the load lane when the next load is at least this far off (or none is queued).
@@ -137,14 +131,16 @@ class TorchDevice:
     def open_pool(self, pool_bytes: int) -> None:
         """Allocate the page pool (once; a pool of 0 bytes in the spec waits for this: its size is then known
         only once the models are registered, ``device_memory.py``)."""
-        assert not self.pool_open, "the page pool is open already"
+        self.arena.open(pool_bytes)
         self.spec = msgspec.structs.replace(self.spec, pool_bytes=pool_bytes)
-        self.pool = PagePool(pool_bytes, self.spec.page_bytes)
-        self._arena = torch.empty(self.pool.total_pages * self.spec.page_bytes, dtype=torch.uint8, device=self.device)
-        self._arena.zero_()  # touch every page now: a first-touch page fault would make the first loads slow
-        if self._cuda:  # the load stream does not wait for the default one: no load may land before the zeros
-            torch.cuda.synchronize(self.device)
-        self.pool_open = True
+
+    @property
+    def pool(self) -> PagePool:
+        return self.arena.pool
+
+    @property
+    def pool_open(self) -> bool:
+        return self.arena.is_open
 
     @property
     def resident_models(self) -> frozenset[str]:
@@ -166,30 +162,7 @@ class TorchDevice:
     def _deliver(self, result: ActionResult) -> None:
         """The lanes' results go out; the one that says the context is lost, before the worker is told."""
         self._sink(result)
-        if self.lost and result.action_id == self._lost_by:
-            self._tell_lost()
-
-    def _lose(self, error: BaseException, where: str, action: Action | None = None) -> str:
-        """The CUDA context is poisoned (``error``, met ``where``): refuse everything from now on, and tell the
-        worker once ``action``'s result is out (at once when no action's result says so)."""
-        with self._lost_lock:
-            if not self.lost:
-                cause = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
-                self.lost = (
-                    f"the CUDA context of {self.device} is lost ({cause}); the worker starts over. "
-                    "An input outside a model's range is the usual cause: declare valid_range in its config"
-                )
-                self._lost_by = None if action is None else action.action_id
-                log.critical("%s (%s)", self.lost, where)
-        if action is None:
-            self._tell_lost()
-        return self.lost
-
-    def _tell_lost(self) -> None:
-        with self._lost_lock:
-            on_lost, self._on_lost = self._on_lost, None
-        if on_lost is not None:
-            on_lost(self.lost)
+        self.lost_context.delivered(result.action_id)
 
     # -- registration -----------------------------------------------------------------------------------------
 
@@ -213,7 +186,7 @@ class TorchDevice:
                 self.activation_peaks[config.name] = max(0, peak)
         except Exception as error:
             if is_sticky_cuda_error(error):
-                self._lose(error, f"registering {config.name}")
+                self.lost_context.lose(error, f"registering {config.name}")
             raise
         self._bind(binding, model.host)
         binding.inputs = self.inputs.take(config)
@@ -252,8 +225,8 @@ class TorchDevice:
     # -- the lanes ----------------------------------------------------------------------------------------------
 
     def _run_load(self, action: Action, _: object) -> ActionResult:
-        if self.lost:
-            return self._refuse(action, ActionStatus.ERROR, self.lost)
+        if self.lost_context.reason:
+            return self._refuse(action, ActionStatus.ERROR, self.lost_context.reason)
         if isinstance(action, EvictWeights):
             return self._evict(action)
         assert isinstance(action, LoadWeights)
@@ -273,8 +246,8 @@ class TorchDevice:
             return self._refuse(action, ActionStatus.OUT_OF_MEMORY, f"{action.model} needs {pages} pages, {free} free")
 
         def load() -> Residency:
-            views = self._views(binding.model, self.pool.page_numbers(action.model))
-            self._copy(views, binding.model.host)
+            views = self.arena.views(binding.model)
+            self.arena.copy_in(views, binding.model.host, self._load_stream)
             self._bind(binding, views)
             return Residency(views)
 
@@ -304,8 +277,8 @@ class TorchDevice:
 
     def _run_exec(self, action: Action, samples: Sequence[Sample] | None) -> ActionResult:
         assert isinstance(action, Infer)
-        if self.lost:
-            return self._refuse(action, ActionStatus.ERROR, self.lost)
+        if self.lost_context.reason:
+            return self._refuse(action, ActionStatus.ERROR, self.lost_context.reason)
         binding = self._bindings.get(action.model)
         if binding is None:
             return self._refuse(action, ActionStatus.ERROR, f"model {action.model!r} is not registered on this worker")
@@ -339,51 +312,30 @@ class TorchDevice:
     def _isolate(
         self, action: Infer, binding: _Binding, residency: Residency, samples: Sequence[Sample], error: Exception
     ) -> ActionResult:
-        """The batch failed: run each request alone while its deadline allows (``Infer.deadlines_ns``),
-        so that only those whose own input fails get the error; the ones left ``unchecked`` get the
-        batch's. The model is at fault (an ``ERROR`` for the whole batch) when every request run
-        alone fails, more than one of them, or a lone one before the model has served any input."""
-        begin = self._clock.now_ns()
-        message = f"{type(error).__name__}: {error}"
+        """The batch failed: its requests run alone, to tell whose input is at fault (``failed_batch.py``)."""
         names = [spec.name for spec in binding.model.config.outputs]
-        outputs: list[object] = []
-        failed: dict[int, str] = {}
-        unchecked: list[int] = []
-        longest_alone: int | None = None  # until one has run alone, the batch's duration bounds it
-        for index, sample in enumerate(samples):
-            outputs.append({})
-            if len(samples) == 1:  # it has just failed alone
-                failed[index] = message
-                break
-            started = self._clock.now_ns()
-            alone_ns = action.expected_duration_ns if longest_alone is None else longest_alone
-            if action.deadlines_ns and started + alone_ns > action.deadlines_ns[index]:
-                unchecked.append(index)
-                continue
-            try:
-                arrays = self._to_host(self._forward(binding, residency, min(binding.inputs), [sample]))
-                outputs[-1] = {name: np.array(array[0:1]) for name, array in zip(names, arrays, strict=True)}
-            except Exception as alone:
-                if is_sticky_cuda_error(alone):
-                    return self._lose_context(action, alone)
-                failed[index] = f"{type(alone).__name__}: {alone}"
-            longest_alone = max(longest_alone or 0, self._clock.now_ns() - started)
-        timing = Timing(begin, self._clock.now_ns())
+
+        def run_one(sample: Sample) -> object:
+            arrays = self._to_host(self._forward(binding, residency, min(binding.inputs), [sample]))
+            return {name: np.array(array[0:1]) for name, array in zip(names, arrays, strict=True)}
+
+        try:
+            alone = run_alone(action, samples, error, run_one, self._clock)
+        except Exception as lost:  # a CUDA error that lost the context: nothing runs any more
+            if is_sticky_cuda_error(lost):
+                return self._lose_context(action, lost)
+            raise
         if self._resident.get(action.model) is not residency:
-            return self._discarded(action, timing)
-        ran = len(samples) - len(unchecked)
-        if ran and len(failed) == ran and (ran > 1 or action.model not in self._served):
-            return ActionResult(action.action_id, action.device, ActionStatus.ERROR, timing, message)
-        if len(failed) < ran:
+            return self._discarded(action, alone.timing)
+        result = alone.result(action, served_before=action.model in self._served)
+        if alone.any_answered:
             self._served.add(action.model)
-        return ActionResult(
-            action.action_id, action.device, ActionStatus.OK, timing, message, outputs, failed, tuple(unchecked)
-        )
+        return result
 
     def _lose_context(self, action: Action, error: Exception) -> ActionResult:
         """The action that met a poisoned context fails whole (for a batch, which request did it cannot be
-        learnt here any more: nothing runs); every later action is refused (``_lose``)."""
-        reason = self._lose(error, f"{action_kind(action)} {action.model}", action)
+        learnt here any more: nothing runs); every later action is refused (``LostContext``)."""
+        reason = self.lost_context.lose(error, f"{action_kind(action)} {action.model}", action.action_id)
         return self._refuse(action, ActionStatus.ERROR, reason)
 
     @staticmethod
@@ -425,23 +377,6 @@ class TorchDevice:
         with _on(stream or self._exec_stream):
             return [o.cpu().numpy() for o in outputs]
 
-    def _views(self, model: HostModel, pages: list[int]) -> tuple[torch.Tensor, ...]:
-        views: list[torch.Tensor | None] = [None] * len(model.host)
-        page_bytes = self.spec.page_bytes
-        for page, members in zip(pages, model.layout, strict=True):
-            offset = page * page_bytes
-            for index in members:
-                host = model.host[index]
-                nbytes = host.numel() * host.element_size()
-                views[index] = self._arena[offset : offset + nbytes].view(host.dtype).view(host.shape)
-                offset += model.tensor_bytes[index]
-        return tuple(v for v in views if v is not None)
-
-    def _copy(self, views: Sequence[torch.Tensor], host: Sequence[torch.Tensor]) -> None:
-        with torch.no_grad(), _on(self._load_stream):
-            for view, tensor in zip(views, host, strict=True):
-                view.copy_(tensor, non_blocking=self._cuda)
-
     @staticmethod
     def _bind(binding: _Binding, tensors: Sequence[torch.Tensor]) -> None:
         with torch.no_grad():
@@ -451,7 +386,7 @@ class TorchDevice:
     def _capture_graph(self, binding: _Binding, residency: Residency, batch: int) -> None:
         """Capture one batch size of a load as a CUDA graph (on the load lane, when idle; ``GraphCapture``)."""
         config = binding.model.config
-        if self._resident.get(config.name) is not residency or self.lost:  # evicted or reloaded since
+        if self._resident.get(config.name) is not residency or self.lost_context.reason:  # evicted or reloaded since
             return
         zeros = new_buffers(config, batch, self.device)  # the shared buffers may hold another model's inputs now
 
@@ -463,7 +398,7 @@ class TorchDevice:
                 config.name, batch, binding.module, zeros, binding.inputs[batch], as_tuple, current
             )
         except RuntimeError as error:  # sticky: the context is gone
-            self._lose(error, f"capturing {config.name} batch {batch}")
+            self.lost_context.lose(error, f"capturing {config.name} batch {batch}")
             return
         if graph is not None and self._resident.get(config.name) is residency:
             residency.graphs[batch] = graph

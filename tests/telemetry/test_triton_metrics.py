@@ -10,6 +10,7 @@ import contextlib
 import numpy as np
 
 from mainspring.controller.service import ControllerService
+from mainspring.frontend.cells_metrics import merge_expositions
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor
 from mainspring.worker.inprocess import InProcessWorker
 from tests.controller.test_service import tensor, with_service
@@ -104,3 +105,16 @@ def test_requests_that_cannot_meet_their_deadline_count_as_rejected_failures() -
         assert by_reason == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
 
     with_service(test, devices=1, profiles=SLOW)
+
+
+def test_with_cells_each_cells_samples_come_apart_by_a_cell_label() -> None:
+    async def test(service: ControllerService, plane: DataPlane, _: InProcessWorker) -> None:
+        await plane.infer("a", None, one(np.ones((3, 3), np.float32)), None, {})
+        text = await service.exposition()
+        merged = exposed(merge_expositions([(0, text), (1, text)]).decode())  # two cells, as CellsPort merges them
+        success = merged["nv_inference_request_success"]
+        assert success == {(("cell", str(c)), ("model", m), ("version", "1")): 3 if m == "a" else 0
+                           for c in (0, 1) for m in ("a", "b")}  # fmt: skip
+        assert len(merged["nv_cpu_utilization"]) == 2  # each cell's host
+
+    with_service(test)

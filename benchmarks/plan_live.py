@@ -45,7 +45,7 @@ from tests.serving.processes import ServerProcess  # noqa: E402
 from mainspring.models.repository import ModelRepository  # noqa: E402
 from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, MIB  # noqa: E402
 from mainspring.telemetry.analyze import read_run, runs  # noqa: E402
-from mainspring.telemetry.served import served_durations  # noqa: E402
+from mainspring.telemetry.profile_recalibration import served_durations  # noqa: E402
 from scenarios import build_repo  # noqa: E402
 
 OUT = ROOT / "out" / "plan_live"

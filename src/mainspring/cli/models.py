@@ -163,10 +163,10 @@ def run_profile(args: argparse.Namespace) -> int:
 
 def _recalibrate(args: argparse.Namespace) -> int:
     """``profile REPO --from-log DIR``: the stored profiles of the models the run served, rewritten
-    with the run's medians (``telemetry/served.py``)."""
+    with the run's medians (``telemetry/profile_recalibration.py``)."""
     from mainspring.models.repository import ModelRepository
     from mainspring.telemetry.analyze import LogError, read_run, runs
-    from mainspring.telemetry.served import ServedLogError, recalibrated, served_durations, slowdown_of
+    from mainspring.telemetry.profile_recalibration import ServedLogError, recalibrated, served_durations, slowdown_of
 
     found = runs(args.from_log) if args.from_log.is_dir() else []
     if not found:

@@ -72,13 +72,25 @@ CASES: list[tuple[list[str], str]] = [
     (["simulate", "--profiles", "/dev/zero"], "argument --profiles: /dev/zero is not a regular file"),
     (["plan", "--trace", "/dev/zero"], "argument --trace: /dev/zero is not a regular file"),
     (["worker", "--controller", "tcp://127.0.0.1:9", "--emulate", "/dev/zero"], "argument --emulate: /dev/zero is not"),
+    # raised ValueError, not the command line's error; the profiles' problem named no option
+    (
+        ["worker", "--controller", "tcp://127.0.0.1:9", "--emulate", "{empty}"],
+        "--emulate {empty}: repository {empty} holds",
+    ),
+    (
+        ["worker", "--controller", "tcp://127.0.0.1:9", "--emulate", "{torn}"],
+        "--emulate {torn}: profile file {torn} is not",
+    ),
+    (["worker", "--controller", "tcp://127.0.0.1:9", "--emulate", "--repo", "{empty}"], "give --repo (a real device's"),
+    (["worker", "--controller", "tcp://127.0.0.1:9", "--repo", "{empty}", "--count", "2"], "--count (at least 1) and"),
     # an OSError traceback: a name longer than the file system takes
     (["simulate", "--trace", "x" * 5000], ": File name too long"),
     (["analyze", "x" * 5000], ": File name too long"),
 ]
 
 
-def _traces(folder: Path) -> dict[str, str]:
+def _inputs(folder: Path) -> dict[str, str]:
+    """The bad files the cases name: traces, a folder with no profiles, a profile file cut short."""
     files = {
         "inf": HEADER + "f,o,a,1,inf\n",
         "huge": HEADER + "f,o,a,1,2\ng,o,a,1e400,1\n",
@@ -91,19 +103,23 @@ def _traces(folder: Path) -> dict[str, str]:
         (folder / f"{name}.csv").write_text(text)
     (folder / "binary.csv").write_bytes(HEADER.encode() + b"f,o,a,\xff\xfe\x00\x01,1\n")
     paths["binary"] = str(folder / "binary.csv")
+    (folder / "empty").mkdir()
+    paths["empty"] = str(folder / "empty")
+    (folder / "torn.json").write_text('{"profiles": [')
+    paths["torn"] = str(folder / "torn.json")
     return paths
 
 
 def test_each_bad_value_is_one_line_naming_it_in_little_memory(tmp_path: Path) -> None:
-    traces = _traces(tmp_path)
+    inputs = _inputs(tmp_path)
     running = []
     for index, (argv, expected) in enumerate(CASES):  # all at once: each is a short process
         out, err, rss = (tmp_path / f"{index}.{kind}" for kind in ("out", "err", "rss"))
-        command = [sys.executable, "-c", MEASURED, EXE, *(a.format(**traces) for a in argv)]
+        command = [sys.executable, "-c", MEASURED, EXE, *(a.format(**inputs) for a in argv)]
         with out.open("w") as stdout, err.open("w") as stderr:
             environment = dict(os.environ, MAX_RSS_FILE=str(rss))
             process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=environment, start_new_session=True)
-        running.append((process, argv, expected, out, err, rss))
+        running.append((process, argv, expected.format(**inputs), out, err, rss))
     failures = []
     for process, argv, expected, out, err, rss in running:
         try:

@@ -10,8 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple, cast
 
+from mainspring.cells.cost import CLOCKWORK_COST, LIVE_COST
 from mainspring.cli.bench import add_bench, run_bench
-from mainspring.cli.models import ModelsCliError, add_profile, add_zoo, run_profile, run_zoo
+from mainspring.cli.models import add_profile, add_zoo, run_profile, run_zoo
 from mainspring.cli.plan import add_plan, run_plan
 from mainspring.cli.serve import add_serve, add_worker, run_serve, run_worker
 from mainspring.cli.values import MAX_DEVICES, PAGE_MIB, POOL_GIB, SECONDS, OneLineParser, bounded_int, one_line
@@ -83,6 +84,19 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         action="store_true",
         help="with --cells: try a rejected request once more on another cell whose signal says it can make it",
     )
+    p.add_argument(
+        "--controller-cost",
+        choices=("live", "policy"),
+        default="live",
+        help="with --cells: what the controller's and the frontends' cores are charged (docs/simulator.md): live "
+        "(default), the whole live processes as fitted; policy, the policy's calls alone and no frontend core",
+    )
+    p.add_argument(
+        "--frontends",
+        type=bounded_int(1, MAX_DEVICES),
+        default=1,
+        help="with --cells: frontend processes in front of the cells, each a core of its own (default 1)",
+    )
     p.add_argument("--json", type=Path, help="write the results as JSON here")
     p.add_argument("--plot", type=Path, help="write PNG plots into this folder")
     p.add_argument("--log-dir", type=Path, help="write request and action logs (TSV) into this folder")
@@ -134,7 +148,10 @@ def _cells(args: argparse.Namespace) -> CellsConfig | None:
         raise CliError(f"--cells must be between 0 and --devices ({args.devices}), got {args.cells}")
     if args.retry_rejected and not args.cells:
         raise CliError("--retry-rejected needs --cells")
-    return CellsConfig(args.cells, retry_rejected=args.retry_rejected) if args.cells else None
+    if not args.cells:
+        return None
+    cost = LIVE_COST if args.controller_cost == "live" else CLOCKWORK_COST
+    return CellsConfig(args.cells, cost, frontends=args.frontends, retry_rejected=args.retry_rejected)
 
 
 class SimulateSetup(NamedTuple):
@@ -244,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(_COMMANDS[args.command](args))
-    except (CliError, ModelsCliError, ValueError) as error:
+    except (CliError, ValueError) as error:
         parser.exit(2, one_line(f"mainspring {args.command}: error: {str(error)[:1000]}"))
     except OSError as error:  # a path the user gave that cannot be used (too long a name, no permission)
         where = f"{str(error.filename)[:200]}: " if error.filename else ""

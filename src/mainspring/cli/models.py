@@ -8,15 +8,11 @@ import sys
 from pathlib import Path
 
 from mainspring.cli.values import bounded_int, finite_float
-from mainspring.cli.workload import prepare_outputs
+from mainspring.cli.workload import CliError, prepare_outputs
 from mainspring.time import ns_to_ms
 
 ZOO_FORMATS = ("torch_export", "torchscript", "safetensors", "onnx")
 MAX_BATCH = 4096
-
-
-class ModelsCliError(Exception):
-    """A user error in these commands (printed as one line, exit status 2)."""
 
 
 def add_zoo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,9 +59,9 @@ def _int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ModelsCliError(f"{flag} must be comma-separated integers, got {text!r}") from None
+        raise CliError(f"{flag} must be comma-separated integers, got {text!r}") from None
     if not values or any(not 0 < v <= MAX_BATCH for v in values):
-        raise ModelsCliError(f"{flag} must list integers in [1, {MAX_BATCH}], got {text[:40]!r}")
+        raise CliError(f"{flag} must list integers in [1, {MAX_BATCH}], got {text[:40]!r}")
     return sorted(set(values))
 
 
@@ -77,9 +73,9 @@ def run_zoo(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in ARCHITECTURES]
     if unknown or not names:
-        raise ModelsCliError(f"unknown zoo model(s) {unknown}; choose from {', '.join(ARCHITECTURES)}")
+        raise CliError(f"unknown zoo model(s) {unknown}; choose from {', '.join(ARCHITECTURES)}")
     if args.copies <= 0 or args.image_size < 16:
-        raise ModelsCliError("--copies must be positive and --image-size at least 16")
+        raise CliError("--copies must be positive and --image-size at least 16")
     batch_sizes = _int_list(args.batch_sizes, "--batch-sizes")
     prepare_outputs({}, {"--out": args.out})
     repo = ModelRepository(args.out)
@@ -100,7 +96,7 @@ def _refuse_copies_past_the_disk(args: argparse.Namespace, name: str, exported: 
     needed = exported.stat().st_size * (args.copies - 1)
     free = shutil.disk_usage(exported.parent).free
     if needed > free:
-        raise ModelsCliError(f"--copies {args.copies} of {name} need {needed / 2**30:.3g} GiB; "
+        raise CliError(f"--copies {args.copies} of {name} need {needed / 2**30:.3g} GiB; "
                              f"{free / 2**30:.3g} GiB is free at --out {args.out}")  # fmt: skip
 
 
@@ -108,7 +104,7 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.from_log is not None:
         return _recalibrate(args)
     if args.run is not None:
-        raise ModelsCliError("--run names a run of --from-log's logs; give --from-log too")
+        raise CliError("--run names a run of --from-log's logs; give --from-log too")
     from tqdm import tqdm
 
     from mainspring.models.errors import ModelLoadError
@@ -120,15 +116,15 @@ def run_profile(args: argparse.Namespace) -> int:
     repo = ModelRepository(args.repo)
     held = repo.models()
     if not held:
-        raise ModelsCliError(f"repository {args.repo} holds no models")
+        raise CliError(f"repository {args.repo} holds no models")
     models = args.model or held
     unknown = sorted(set(models) - set(held))
     if unknown:
-        raise ModelsCliError(f"--model {', '.join(unknown)}: not in {args.repo}, which holds {', '.join(held)}")
+        raise CliError(f"--model {', '.join(unknown)}: not in {args.repo}, which holds {', '.join(held)}")
     try:
         settings = ProfilerSettings(max_runs=args.max_runs, max_seconds_per_batch=args.max_seconds)
     except ValueError:  # the settings' own check, told in the flags' names
-        raise ModelsCliError(f"--max-runs must be at least 1 and --max-seconds positive, got {args.max_runs} and "
+        raise CliError(f"--max-runs must be at least 1 and --max-seconds positive, got {args.max_runs} and "
                              f"{args.max_seconds:g}") from None  # fmt: skip
     runner = ActionRunner()
     worker = TorchWorker(repo, runner.results.put, [args.device], models=[], use_stored_profiles=False)
@@ -170,25 +166,25 @@ def _recalibrate(args: argparse.Namespace) -> int:
 
     found = runs(args.from_log) if args.from_log.is_dir() else []
     if not found:
-        raise ModelsCliError(f"--from-log {args.from_log}: no run logs (<run>-requests.tsv and <run>-actions.tsv)")
+        raise CliError(f"--from-log {args.from_log}: no run logs (<run>-requests.tsv and <run>-actions.tsv)")
     run = args.run or found[-1]
     if run not in found:
-        raise ModelsCliError(f"--run {run}: not in {args.from_log}, which holds {', '.join(found)}")
+        raise CliError(f"--run {run}: not in {args.from_log}, which holds {', '.join(found)}")
     try:
         served = served_durations(read_run(args.from_log, run)[1].values())
     except (LogError, ServedLogError) as error:
-        raise ModelsCliError(f"--from-log {args.from_log}, run {run}: {error}") from None
+        raise CliError(f"--from-log {args.from_log}, run {run}: {error}") from None
     repo = ModelRepository(args.repo)
     profiles = [p for p in repo.all_profiles() if p.model in served and (not args.model or p.model in args.model)]
     kinds = sorted({p.device_kind for p in profiles})
     if len(kinds) != 1:
         held = f"of {', '.join(kinds)}" if kinds else "none"
-        raise ModelsCliError(f"--from-log needs stored profiles of one device kind for the models {run} served: {held}")
+        raise CliError(f"--from-log needs stored profiles of one device kind for the models {run} served: {held}")
     try:  # every profile checked before the first is written
         slowdown = slowdown_of(profiles, served)
         updated = [(old, recalibrated(old, served[old.model], slowdown)) for old in profiles]
     except ServedLogError as error:
-        raise ModelsCliError(f"--from-log {args.from_log}, run {run}: {error}; no profile written") from None
+        raise CliError(f"--from-log {args.from_log}, run {run}: {error}; no profile written") from None
     for old, new in updated:
         repo.write_profile(new)
         cells = " ".join(f"b{b}={ns_to_ms(old.exec_ns[b]):.2f}->{ns_to_ms(ns):.2f}" for b, ns in new.exec_ns.items())

@@ -29,7 +29,7 @@ from mainspring.cli.values import (
     finite_float,
     input_path,
 )
-from mainspring.cli.workload import add_noise_argument
+from mainspring.cli.workload import CliError, add_noise_argument
 
 
 def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -168,9 +168,9 @@ def run_worker(args: argparse.Namespace) -> int:
     from mainspring.worker.process import START_OVER, WorkerConnection
 
     if (args.repo is None) == (args.emulate is None):
-        raise ValueError("give --repo (a real device's models) or --emulate (emulated devices), not both")
+        raise CliError("give --repo (a real device's models) or --emulate (emulated devices), not both")
     if args.count < 1 or (args.emulate is None and (args.count != 1 or args.models is not None)):
-        raise ValueError("--count (at least 1) and --models go with --emulate")
+        raise CliError("--count (at least 1) and --models go with --emulate")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     def start_over(reason: str) -> None:  # a lost CUDA context (``connection`` exists by the time it is told)
@@ -227,13 +227,16 @@ def _emulated_worker(args: argparse.Namespace) -> Callable[[Any], Any]:
     from mainspring.worker.emulated_worker import EmulatedWorker
     from mainspring.worker.runtimes.emulated import NoiseModel
 
-    profiles = profiles_from(None if args.emulate == "builtin" else Path(args.emulate))
+    try:
+        profiles = profiles_from(None if args.emulate == "builtin" else Path(args.emulate))
+    except ValueError as error:  # no profiles there, or a file that holds none
+        raise CliError(f"--emulate {args.emulate}: {error}") from None
     if args.models is not None:
         profiles = model_copies(profiles, args.models)
     kinds = sorted({p.device_kind for p in profiles})
     if len(kinds) > 1:
-        raise ValueError(f"--emulate {args.emulate}: profiles of {len(kinds)} device kinds ({', '.join(kinds)}); "
-                         "one worker emulates one kind")  # fmt: skip
+        raise CliError(f"--emulate {args.emulate}: profiles of {len(kinds)} device kinds ({', '.join(kinds)}); "
+                       "one worker emulates one kind")  # fmt: skip
     pool = args.pool_mib * MIB if args.pool_mib else DEFAULT_POOL_BYTES
     specs = [DeviceSpec(i, kinds[0], pool) for i in range(args.count)]
     noise = NoiseModel.named(args.noise)

@@ -137,3 +137,17 @@ def test_the_cli_writes_the_plan_its_placement_and_what_ifs(tmp_path: Path, caps
         cells and set(cells) <= set(range(document["devices"])) for cells in placement.values()
     )
     assert (tmp_path / "plan.png").stat().st_size > 0
+
+
+def test_each_what_if_changes_one_input_and_leaves_the_plan_as_given() -> None:
+    from dataclasses import replace
+
+    from mainspring.cli.commands import build_parser
+    from mainspring.cli.plan import plan_setup
+
+    argv = ["plan", "--workload", "closed", "--clients", "10", "--models", "4", "--slo-ms", "150"]
+    args = build_parser().parse_args([*argv, "--what-if-slo", "300", "--what-if-scale", "2.5"])
+    (_, config, workload), (_, slower_config, slower_load), (_, scaled_config, scaled) = plan_setup(args).cases
+    assert slower_config == replace(config, slo_ns=300 * 10**6) and slower_load == workload
+    assert scaled_config == config and scaled == replace(workload, clients=25)
+    assert config.slo_ns == 150 * 10**6 and workload == ClosedLoop(10, 1) and args.clients == 10

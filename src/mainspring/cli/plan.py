@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 from mainspring.cells.placement import CELL_DEVICES, Placement
 from mainspring.cli.values import (
@@ -36,7 +37,7 @@ from mainspring.models.profile import ModelProfile
 from mainspring.protocol.pages import MIB
 from mainspring.protocol.requests import slo_problem
 from mainspring.scheduler.registry import parse_policies
-from mainspring.sim.plan import Plan, PlanError, PlanPoint, cells_of_plan, check, plan
+from mainspring.sim.plan import Plan, PlanError, PlanInputs, PlanPoint, cells_of_plan, check, plan
 from mainspring.sim.run import SimulationConfig, generate_arrivals
 from mainspring.telemetry.plots import plot_plan
 from mainspring.time import ms_to_ns, s_to_ns
@@ -72,36 +73,50 @@ def add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--quiet", action="store_true", help="no line per simulated point")
 
 
-def plan_setup(
-    args: argparse.Namespace,
-) -> tuple[str, list[ModelProfile], list[tuple[str, SimulationConfig, Workload]]]:
+class PlanSetup(NamedTuple):
+    """``plan``'s work, checked: the policy, the profiles, the plan's inputs, and each case's label ("" for
+    the plan, then the what-ifs), simulation settings and workload."""
+
+    policy: str
+    profiles: list[ModelProfile]
+    inputs: PlanInputs
+    cases: list[tuple[str, SimulationConfig, Workload]]
+
+
+def plan_setup(args: argparse.Namespace) -> PlanSetup:
     """Every check ``plan`` makes before its first simulation, for the plan and each what-if (a what-if
-    refused after the plan's minutes of work lost them): the policy, the profiles, and each case's
-    label ("" for the plan), simulation settings and workload."""
+    refused after the plan's minutes of work lost them)."""
     policies = parse_policies(args.policy)
     if len(policies) != 1:
         raise CliError(f"--policy takes one policy to plan for, got {args.policy}")
-    seconds = duration_s(args)
     prepare_outputs({"--json": args.json, "--plot": args.plot}, {})
     profiles = profiles_from_args(args)
-    cases = [("", "", args)]
-    cases += [(f"SLO {v:g} ms", f"--what-if-slo {v:g}: ", _with(args, slo_ms=v)) for v in args.what_if_slo]
-    cases += [(f"load x{v:g}", f"--what-if-scale {v:g}: ", _scaled(args, v)) for v in args.what_if_scale]
-    return policies[0], profiles, [(label, *_prepared(case, profiles, seconds, flag)) for label, flag, case in cases]
+    inputs = plan_inputs(args)
+    cases = [("", "", inputs)]
+    cases += [(f"SLO {v:g} ms", f"--what-if-slo {v:g}: ", inputs.with_slo(v)) for v in args.what_if_slo]
+    cases += [(f"load x{v:g}", f"--what-if-scale {v:g}: ", inputs.scaled(v)) for v in args.what_if_scale]
+    prepared = [(label, *_prepared(case, profiles, flag)) for label, flag, case in cases]
+    return PlanSetup(policies[0], profiles, inputs, prepared)
+
+
+def plan_inputs(args: argparse.Namespace) -> PlanInputs:
+    """The plan's options as plain data, read once (the duration: the workload's default where not given)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(PlanInputs) if f.name != "duration_s"}
+    return PlanInputs(**given, duration_s=duration_s(args))
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    policy, profiles, prepared = plan_setup(args)
+    policy, profiles, inputs, prepared = plan_setup(args)
     (_, config, workload), what_ifs = prepared[0], prepared[1:]
-    result, cells = _plan_once(args, profiles, policy, config, workload, verbose=not args.quiet)
+    result, cells = _plan_once(inputs, profiles, policy, config, workload, verbose=not args.quiet)
     print(summary(result))
     if cells:
         assert result.devices is not None
-        count = math.ceil(result.devices / args.cell_devices)
-        print(f"  cells: {count} of at most {args.cell_devices} devices each (--json: which serve each model)")
+        count = math.ceil(result.devices / inputs.cell_devices)
+        print(f"  cells: {count} of at most {inputs.cell_devices} devices each (--json: which serve each model)")
     what_if = []
     for label, other_config, other_workload in what_ifs:
-        other, _ = _plan_once(args, profiles, policy, other_config, other_workload, verbose=False)
+        other, _ = _plan_once(inputs, profiles, policy, other_config, other_workload, verbose=False)
         what_if.append((label, other))
         print(f"what if {label}: " + summary(other).splitlines()[0])
     if args.json is not None:
@@ -112,39 +127,37 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0 if result.devices is not None else 1
 
 
-def _prepared(
-    args: argparse.Namespace, profiles: list[ModelProfile], seconds: float, flag: str
-) -> tuple[SimulationConfig, Workload]:
+def _prepared(inputs: PlanInputs, profiles: list[ModelProfile], flag: str) -> tuple[SimulationConfig, Workload]:
     """One case's simulation settings and workload, after every check ``simulate`` makes up front
     (``flag`` names the what-if option in front of the message)."""
     try:
-        if (problem := slo_problem("--slo-ms", args.slo_ms)) is not None:
+        if (problem := slo_problem("--slo-ms", inputs.slo_ms)) is not None:
             raise CliError(problem)
-        page = args.page_mib * MIB
-        if args.device_memory_gib * GIB < page:
+        page = inputs.page_mib * MIB
+        if inputs.device_memory_gib * GIB < page:
             raise CliError(
-                f"--device-memory-gib {args.device_memory_gib:g} holds no page of --page-mib {args.page_mib}"
+                f"--device-memory-gib {inputs.device_memory_gib:g} holds no page of --page-mib {inputs.page_mib}"
             )
         config = SimulationConfig(
-            duration_ns=s_to_ns(seconds),
+            duration_ns=s_to_ns(inputs.duration_s),
             device_kind=profiles[0].device_kind,
-            noise=NoiseModel.named(args.noise),
-            pool_bytes=int(args.device_memory_gib * GIB) // page * page,
+            noise=NoiseModel.named(inputs.noise),
+            pool_bytes=int(inputs.device_memory_gib * GIB) // page * page,
             page_bytes=page,
-            slo_ns=ms_to_ns(args.slo_ms),
-            seed=args.seed,
+            slo_ns=ms_to_ns(inputs.slo_ms),
+            seed=inputs.seed,
         )
-        refuse_pools_past(args.max_devices, config.pool_bytes, page)
-        workload = workload_from(args)
-        refuse_a_workload_past(MAX_ARRIVALS, args, workload, len(profiles), seconds)
-        check(profiles, config, args.attainment / 100, args.max_devices)
+        refuse_pools_past(inputs.max_devices, config.pool_bytes, page)
+        workload = workload_from(inputs)
+        refuse_a_workload_past(MAX_ARRIVALS, inputs, workload, len(profiles), inputs.duration_s)
+        check(profiles, config, inputs.attainment / 100, inputs.max_devices)
     except (CliError, ValueError) as error:  # PlanError too
         raise CliError(f"{flag}{error}") from None
     return config, workload
 
 
 def _plan_once(
-    args: argparse.Namespace,
+    inputs: PlanInputs,
     profiles: list[ModelProfile],
     policy: str,
     config: SimulationConfig,
@@ -153,27 +166,11 @@ def _plan_once(
 ) -> tuple[Plan, Placement]:
     arrivals = generate_arrivals(workload, profiles, config)
     try:
-        result = plan(profiles, workload, config, args.attainment / 100, args.max_devices, policy,
+        result = plan(profiles, workload, config, inputs.attainment / 100, inputs.max_devices, policy,
                       _print_point if verbose else None, arrivals)  # fmt: skip
     except PlanError as error:
         raise CliError(str(error)) from None
-    return result, cells_of_plan(result, profiles, config, arrivals, args.cell_devices)
-
-
-def _with(args: argparse.Namespace, **changes: object) -> argparse.Namespace:
-    changed = copy.copy(args)
-    for key, value in changes.items():
-        setattr(changed, key, value)
-    return changed
-
-
-def _scaled(args: argparse.Namespace, factor: float) -> argparse.Namespace:
-    """The same workload with ``factor`` times the load: the trace's scale, the rate, or the clients."""
-    if args.workload == "azure":
-        return _with(args, trace_scale=args.trace_scale * factor)
-    if args.workload == "closed":
-        return _with(args, clients=max(1, round(args.clients * factor)))
-    return _with(args, rate=args.rate * factor)
+    return result, cells_of_plan(result, profiles, config, arrivals, inputs.cell_devices)
 
 
 def _print_point(point: PlanPoint) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Protocol
 
 from mainspring.cli.values import (
     MAX_CLIENTS,
@@ -37,6 +38,31 @@ MAX_POOL_PAGES = 10_000_000
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+class WorkloadOptions(Protocol):
+    """The workload options, as argparse gives them or as plain data (``sim.plan.PlanInputs``)."""
+
+    @property
+    def workload(self) -> str: ...
+    @property
+    def trace(self) -> Path | None: ...
+    @property
+    def trace_scale(self) -> float: ...
+    @property
+    def trace_start_minute(self) -> int: ...
+    @property
+    def rate(self) -> float: ...
+    @property
+    def popularity(self) -> str: ...
+    @property
+    def clients(self) -> int: ...
+    @property
+    def outstanding(self) -> int: ...
+    @property
+    def sweep_growth(self) -> float: ...
+    @property
+    def sweep_interval_s(self) -> float: ...
 
 
 def prepare_outputs(files: dict[str, Path | None], folders: dict[str, Path | None]) -> None:
@@ -151,9 +177,7 @@ def add_noise_argument(p: argparse.ArgumentParser, what: str = "emulated devices
     )
 
 
-def refuse_a_workload_past(
-    limit: int, args: argparse.Namespace, workload: Workload, models: int, seconds: float
-) -> None:
+def refuse_a_workload_past(limit: int, args: WorkloadOptions, workload: Workload, models: int, seconds: float) -> None:
     """A rate or scale mistyped by orders of magnitude is told at once, from the arrivals the workload
     expects in ``seconds``: generating them first filled the memory (2 GB, a minute) before the refusal."""
     expected = workload.expected_arrivals(models, s_to_ns(seconds))
@@ -180,7 +204,7 @@ def duration_s(args: argparse.Namespace) -> float:
     return float(args.azure_duration_s) if args.workload == "azure" else DEFAULT_DURATION_S
 
 
-def _replay_start_minute(args: argparse.Namespace) -> int:
+def _replay_start_minute(args: WorkloadOptions) -> int:
     """Where the replay begins: a warm-up (``simulate --warmup-s``) replays the minutes before the window."""
     warmup_s = getattr(args, "warmup_s", 0.0)
     minutes, rest = divmod(warmup_s, 60)
@@ -194,7 +218,7 @@ def _replay_start_minute(args: argparse.Namespace) -> int:
     return int(args.trace_start_minute - minutes)
 
 
-def workload_from(args: argparse.Namespace) -> Workload:
+def workload_from(args: WorkloadOptions) -> Workload:
     name = args.workload
     if name == "azure":
         return AzureTrace(args.trace, args.trace_scale, _replay_start_minute(args))

@@ -25,6 +25,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from mainspring.cells.placement import Placement, demand_of
 from mainspring.cells.placement import plan as place
@@ -77,6 +78,43 @@ class Plan:
             "pool_bytes": self.pool_bytes,
             "points": [asdict(p) for p in self.points],
         } | ({"reason": self.reason} if self.reason else {})
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan is made from besides the profiles, as plain data (``mainspring plan`` converts its
+    options once); a what-if is a copy with one input changed (``with_slo``, ``scaled``)."""
+
+    workload: str  # azure, poisson, bursty, closed or slo-sweep; the next nine fields are its parameters
+    trace: Path | None
+    trace_scale: float
+    trace_start_minute: int
+    rate: float
+    popularity: str
+    clients: int
+    outstanding: int
+    sweep_growth: float
+    sweep_interval_s: float
+    slo_ms: float
+    duration_s: float
+    seed: int
+    noise: str
+    attainment: float  # the target, in percent
+    max_devices: int
+    device_memory_gib: float
+    page_mib: int
+    cell_devices: int
+
+    def with_slo(self, slo_ms: float) -> PlanInputs:
+        return replace(self, slo_ms=slo_ms)
+
+    def scaled(self, factor: float) -> PlanInputs:
+        """The same workload with ``factor`` times the load: the trace's scale, the clients, or the rate."""
+        if self.workload == "azure":
+            return replace(self, trace_scale=self.trace_scale * factor)
+        if self.workload == "closed":
+            return replace(self, clients=max(1, round(self.clients * factor)))
+        return replace(self, rate=self.rate * factor)
 
 
 Progress = Callable[[PlanPoint], None]

@@ -169,3 +169,29 @@ def test_the_port_warms_a_model_on_its_cells_and_plans_over_their_real_pools(tmp
             assert await cells.warm("unknown") is False
 
     with_service(test)
+
+
+def test_a_cell_signals_only_the_models_the_plan_shares_once_the_frontends_say(tmp_path: Path) -> None:
+    """A cell's load signal carries, per model, when a batch of one would end there; routing reads it
+    only for models served by several cells. Until the frontends' plan says which, a cell signals every
+    model it holds; then only those (with one cell: none, so its signal costs nothing per model)."""
+    from mainspring.serving.cell import Cell, CellRole
+    from tests.controller.test_service import with_service
+    from tests.waiting import until
+
+    async def test(service: ControllerService, _: DataPlane, __: object) -> None:
+        role = CellRole(0, f"ipc://{tmp_path}/cell-0", f"ipc://{tmp_path}/cell-0-signal")
+        cell = Cell(role, service, "")
+        await cell.start()
+        assert await service.warm("a") is True
+        await until(lambda: "a" in cell.signal().finish_ns)  # no frontend has said: every model held
+        cells = CellsPort("frontend-1", [role.endpoint], [role.signal_endpoint], settles=True)  # as serve's
+        try:
+            await cells.start(timeout_s=5)  # its plan, in the background, says: none shared
+            await until(lambda: cell.signal().finish_ns == {})
+            assert "a" in service.policy.residency.holders  # type: ignore[attr-defined]  # held, not signalled
+        finally:
+            await cells.close()
+            await cell.stop()
+
+    with_service(test)

@@ -65,6 +65,7 @@ class FrontendHub:
         self._seq = 0  # of the last state sent
         self._applied: dict[bytes, int] = {}  # the last state each frontend said it answers from
         self._acked = asyncio.Event()
+        self.signal_models: frozenset[str] | None = None  # a cell's: None until the frontends say (then all)
         self._receive_part = service.ledger.part("receive")
         self._answer_part = service.ledger.part("answer")
         self._metrics_part = service.ledger.part("metrics")
@@ -222,6 +223,8 @@ class FrontendHub:
                 value = await service.timeline_view(ask.seconds)
             elif ask.what == "state":
                 self._send(identity, self._state())
+            elif ask.what == "signal_models":  # the cells' plan: what this cell's load signal is to carry
+                self.signal_models = frozenset(ask.models)
             elif ask.what == "in_line":  # a cell: the server brought it in line with the others
                 service.in_line = True
                 await service.announce()

@@ -102,7 +102,16 @@ class CellsPort:
         replan = self.planner.replan(self._clock.now_ns(), self.membership.capacities(), profiles)
         for index, model in replan.warms if replan is not None else ():
             self.roster.spawn(self._warm(index, model))
+        if replan is not None:
+            for index in self.membership.present():
+                self.roster.spawn(self._tell_shared(index, self.planner.shared.get(index, ())))
         return replan
+
+    async def _tell_shared(self, cell: int, models: Sequence[str]) -> None:
+        try:
+            await self.cells[cell].signal_models(models)
+        except ServiceError as error:  # it signals every model meanwhile, as a cell not told does
+            log.info("cell %d did not hear which models to signal: %s", cell, error)
 
     async def _warm(self, cell: int, model: str) -> bool:
         try:

@@ -213,9 +213,11 @@ class RemoteController:
             for outcome, reason, output in zip(reply.outcomes, reply.reasons, outputs, strict=True)
         ]
 
-    async def _ask(self, what: str, model: str = "", seconds: float = 0.0, timeout_s: float = 10.0) -> Any:
+    async def _ask(
+        self, what: str, model: str = "", seconds: float = 0.0, timeout_s: float = 10.0, models: Sequence[str] = ()
+    ) -> Any:
         call = next(self._calls)
-        reply, _ = await self._call(call, Ask(call, what, model, seconds), timeout_s)
+        reply, _ = await self._call(call, Ask(call, what, model, seconds, tuple(models)), timeout_s)
         assert isinstance(reply, Reply)
         return reply.value
 
@@ -230,6 +232,11 @@ class RemoteController:
         await self._ask("reload", model, timeout_s=timeout_s + ANSWER_GRACE_S)
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
+    async def signal_models(self, models: Sequence[str]) -> None:
+        """Tell a cell which of its models its load signal is to carry: those it serves with other cells
+        (the plan's ``shared``); routing reads the signal for no other."""
+        await self._ask("signal_models", models=models)
+
         await self._ask("unload", model, timeout_s=timeout_s + ANSWER_GRACE_S)
 
     async def mark_in_line(self) -> None:

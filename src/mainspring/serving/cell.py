@@ -63,7 +63,8 @@ class Cell:
     def signal(self) -> CellSignal:
         """This cell's load signal, under the names clients use (``ServedModel.key`` inside)."""
         service = self._service
-        names = {served.key: name for name, served in service.models.items()}
+        wanted = self._hub.signal_models  # those it serves with other cells: routing reads no other
+        names = {served.key: name for name, served in service.models.items() if wanted is None or name in wanted}
         now = service.clock.now_ns()
         signal = cell_signal(self.role.index, service.policy, service.device_count, now, names)
         finish = {names[key]: end for key, end in signal.finish_ns.items()}

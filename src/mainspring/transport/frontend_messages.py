@@ -41,6 +41,7 @@ class Ask(msgspec.Struct, frozen=True, tag=True):
     what: str
     model: str = ""
     seconds: float = 0.0
+    models: tuple[str, ...] = ()  # signal_models: the models a cell's load signal is to carry
 
 
 # Why a client went without an answer read (``Dropped``; ``mainspring_client_disconnects_total``'s cause label).

@@ -232,12 +232,12 @@ class RemoteController:
         await self._ask("reload", model, timeout_s=timeout_s + ANSWER_GRACE_S)
 
     async def unload_model(self, model: str, timeout_s: float = 60.0) -> None:
+        await self._ask("unload", model, timeout_s=timeout_s + ANSWER_GRACE_S)
+
     async def signal_models(self, models: Sequence[str]) -> None:
         """Tell a cell which of its models its load signal is to carry: those it serves with other cells
         (the plan's ``shared``); routing reads the signal for no other."""
         await self._ask("signal_models", models=models)
-
-        await self._ask("unload", model, timeout_s=timeout_s + ANSWER_GRACE_S)
 
     async def mark_in_line(self) -> None:
         """Tell a cell it serves what the other cells serve: every frontend may route to it now."""

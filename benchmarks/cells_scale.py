@@ -14,7 +14,12 @@ The load: three model copies per device (one of each of the built-in V100 profil
 popularity, Poisson), at ``--load`` (0.8) of what the devices serve at full batches of this mix;
 100 ms SLO, ``--warmup-s`` served before counting (every model starts cold).
 
+The cost charged is the live processes' by default (``LIVE_COST``: the policy, the controller process around
+it and frontend cores, as many as keep each below 70% busy at the offered rate, so that the controllers are
+what is measured); ``--controller-cost policy`` charges the policy alone, as before 2026-12-06.
+
     .venv/bin/python benchmarks/cells_scale.py [--devices 8 16 64 128 256 1000] [--knee 8 16 24 32 48 64]
+        [--controller-cost live|policy]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import math
 import time
 from collections.abc import Sequence
 
+from mainspring.cells.cost import CLOCKWORK_COST, LIVE_COST
 from mainspring.cells.placement import CELL_DEVICES
 from mainspring.models.profile import ModelProfile, builtin_profiles, model_copies
 from mainspring.sim.cells import CellsConfig
@@ -46,7 +52,10 @@ def run(devices: int, cells: int, args: argparse.Namespace) -> tuple[SimulationR
         duration_ns=s_to_ns(args.duration_s), warmup_ns=s_to_ns(args.warmup_s), devices=devices, seed=args.seed
     )
     started = time.perf_counter()
-    result = simulate("clockwork", models, PoissonOpenLoop(rate), config, cells=CellsConfig(cells))
+    cost = LIVE_COST if args.controller_cost == "live" else CLOCKWORK_COST
+    frontends = max(1, math.ceil(rate * cost.frontend.loaded(cost.frontend.request_ns) / NS_PER_S / 0.7))
+    result = simulate("clockwork", models, PoissonOpenLoop(rate), config,
+                      cells=CellsConfig(cells, cost, frontends=frontends))  # fmt: skip
     return result, time.perf_counter() - started
 
 
@@ -65,12 +74,13 @@ def knee(args: argparse.Namespace) -> None:
 
 
 def scale(args: argparse.Namespace) -> None:
-    print(f"\n2. Cells of at most {CELL_DEVICES} devices")
+    print(f"\n2. Cells of at most {args.cell_devices} devices")
     print(f"{'devices':>7} {'cells=cores':>11} {'offered r/s':>11} {'goodput r/s':>11} {'goodput/offered':>15}"
-          f" {'us/req min-max':>14} {'worst vs first':>14} {'busiest core':>12} {'wall s':>7}")  # fmt: skip
+          f" {'us/req min-max':>14} {'worst vs first':>14} {'busiest core':>12} {'frontends':>9}"
+          f" {'wall s':>7}")  # fmt: skip
     first_worst: float | None = None
     for devices in args.devices:
-        cells = math.ceil(devices / CELL_DEVICES)
+        cells = math.ceil(devices / args.cell_devices)
         result, wall = run(devices, cells, args)
         report, summary = result.report, result.cells
         assert summary is not None
@@ -79,7 +89,8 @@ def scale(args: argparse.Namespace) -> None:
         first_worst = worst if first_worst is None else first_worst
         print(f"{devices:>7} {summary.cores:>11} {report.offered_rps:>11,.0f} {report.goodput_rps:>11,.0f}"
               f" {report.goodput_rps / report.offered_rps:>15.2%} {min(costs):>6.1f}-{worst:<7.1f}"
-              f" {worst / first_worst:>14.2f} {max(c.busy for c in summary.cells):>12.1%} {wall:>7.0f}",
+              f" {worst / first_worst:>14.2f} {max(c.busy for c in summary.cells):>12.1%}"
+              f" {len(summary.frontends):>9} {wall:>7.0f}",
               flush=True)  # fmt: skip
     print("aims: goodput/offered >= 95% on every row; worst vs first <= 1.3; a row of at most 8 cores above 40,000 r/s")
 
@@ -93,6 +104,9 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=1.0)
     parser.add_argument("--duration-s", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cell-devices", type=int, default=CELL_DEVICES, help="the most devices a cell has")
+    parser.add_argument("--controller-cost", choices=("live", "policy"), default="live",
+                        help="the live processes as fitted (default), or the policy's calls alone")  # fmt: skip
     args = parser.parse_args()
     if args.knee:
         knee(args)

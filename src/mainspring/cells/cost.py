@@ -8,15 +8,63 @@ runs of 1 to 16 devices: ``.venv/bin/python benchmarks/controller_cost_fit.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from mainspring.protocol import ActionResult, Request
 from mainspring.scheduler.base import Decisions, Scheduler
 
 
+def _check_terms(terms: dict[str, object]) -> None:
+    negative = [name for name, value in terms.items() if isinstance(value, int | float) and value < 0]
+    if negative:
+        raise ValueError(f"controller cost coefficients must not be negative: {', '.join(negative)}")
+
+
+@dataclass(frozen=True)
+class ProcessCost:
+    """Nanoseconds of the live controller process's event loop beyond the policy, per event it handles."""
+
+    request_ns: int = 0  # per request taken in: decoding it, admission, its metrics, the loop's share
+    answer_ns: int = 0  # per request answered: its future, encoding and sending the answer
+    action_ns: int = 0  # per action sent: encoding and sending it, its metrics, the loop's share
+    result_ns: int = 0  # per result taken in: decoding and checking it
+    refusal_ns: int = 0  # per request refused at once (max_loop_lag): decoded and answered, never admitted
+    background: float = 0.0  # share of the core timers and the load signal take whatever the load
+
+    def __post_init__(self) -> None:
+        _check_terms(vars(self))
+        if self.background >= 1:
+            raise ValueError(f"a background share must be below 1, got {self.background}")
+
+    def loaded(self, ns: int) -> int:
+        """``ns`` of work, on a core whose background takes its share too: it ends that much later."""
+        return ns if not self.background else round(ns / (1 - self.background))
+
+
+@dataclass(frozen=True)
+class FrontendCost:
+    """Nanoseconds of a frontend process's core (HTTP, parsing, routing to a cell, the answer back)."""
+
+    request_ns: int = 0  # per call served, in and out
+    refusal_ns: int = 0  # per call shed at arrival (429 before its body is read)
+    background: float = 0.0  # share of the core its timers take whatever the load
+
+    def __post_init__(self) -> None:
+        ProcessCost(background=self.background)  # the same checks
+        _check_terms(vars(self))
+
+    @property
+    def free(self) -> bool:
+        return not (self.request_ns or self.refusal_ns or self.background)
+
+    def loaded(self, ns: int) -> int:
+        return ns if not self.background else round(ns / (1 - self.background))
+
+
 @dataclass(frozen=True)
 class ControllerCost:
-    """Nanoseconds of one controller core per call of the scheduler contract."""
+    """Nanoseconds of one controller core per call of the scheduler contract; ``process`` adds what the
+    live process spends around those calls, ``frontend`` what a frontend process spends per call."""
 
     request_ns: int  # on_request: admission, queueing
     result_ns: int  # on_result: lane re-anchoring, estimates, answers of a batch
@@ -24,11 +72,11 @@ class ControllerCost:
     pass_per_device_ns: int  # schedule: grows with the devices of the cell (holders weighed on each)
     action_ns: int  # schedule: each action planned
     answer_ns: int  # schedule: each request answered (a batch's, or a rejection)
+    process: ProcessCost = field(default_factory=ProcessCost)  # none: the policy alone
+    frontend: FrontendCost = field(default_factory=FrontendCost)  # none: the frontend costs nothing
 
     def __post_init__(self) -> None:
-        negative = [name for name, value in vars(self).items() if value < 0]
-        if negative:
-            raise ValueError(f"controller cost coefficients must not be negative: {', '.join(negative)}")
+        _check_terms(vars(self))
 
     def schedule(self, devices: int, actions: int, answers: int) -> int:
         return self.pass_ns + self.pass_per_device_ns * devices + self.action_ns * actions + self.answer_ns * answers
@@ -40,6 +88,19 @@ CLOCKWORK_COST = ControllerCost(
     request_ns=28_600, result_ns=16_500, pass_ns=12_800, pass_per_device_ns=700, action_ns=70_700, answer_ns=1_000
 )
 FREE = ControllerCost(0, 0, 0, 0, 0, 0)
+
+# The live processes around the policy, fitted by ``benchmarks/live_cost_fit.py`` on
+# ``benchmarks/controller_cost_live.py``'s rows (one cell, 8 emulated V100s, 200 models, 100 ms SLO):
+# PROVISIONAL, fitted on 2026-12-06 on the loaded 2-core development machine (about 7 engineers' work beside
+# it), rates 100/200/300 r/s, 5 s each: ``controller_cost_live.py --rates 100,200,300 --seconds 5 --json rows.json``
+# then ``live_cost_fit.py rows.json``. Its absolute figures are inflated; re-fit on a quiet machine.
+# The frontend's refusal is not in the rows (none below the knee): a quarter of a served call, an estimate.
+LIVE_PROCESS_COST = ProcessCost(
+    request_ns=17_000, answer_ns=37_600, action_ns=164_800, result_ns=98_300, refusal_ns=37_600, background=0.1103
+)
+LIVE_FRONTEND_COST = FrontendCost(request_ns=162_700, refusal_ns=40_700, background=0.1391)
+# What ``simulate --cells N`` charges by default: the policy's calls, the process around them, the frontend.
+LIVE_COST = replace(CLOCKWORK_COST, process=LIVE_PROCESS_COST, frontend=LIVE_FRONTEND_COST)
 
 
 class CostedScheduler:
@@ -55,16 +116,22 @@ class CostedScheduler:
 
     def on_request(self, request: Request, now_ns: int) -> None:
         self.inner.on_request(request, now_ns)
-        self._charge(self.cost.request_ns)
+        self._charge(self.cost.request_ns + self.cost.process.request_ns)
 
     def on_result(self, result: ActionResult, now_ns: int) -> None:
         self.inner.on_result(result, now_ns)
-        self._charge(self.cost.result_ns)
+        self._charge(self.cost.result_ns + self.cost.process.result_ns)
 
     def schedule(self, now_ns: int) -> Decisions:
         decisions = self.inner.schedule(now_ns)
-        self._charge(self.cost.schedule(self.devices, len(decisions.actions), len(decisions.responses)))
+        actions, answers = len(decisions.actions), len(decisions.responses)
+        around = self.cost.process.action_ns * actions + self.cost.process.answer_ns * answers
+        self._charge(self.cost.schedule(self.devices, actions, answers) + around)
         return decisions
+
+    def refuse(self) -> None:
+        """A request refused before it reached the policy (its controller too far behind)."""
+        self._charge(self.cost.process.refusal_ns)
 
     def take(self) -> int:
         """The modelled time charged since the last ``take``."""
@@ -76,6 +143,7 @@ class CostedScheduler:
         self._charge(ns)
 
     def _charge(self, ns: int) -> None:
+        ns = self.cost.process.loaded(ns)
         self.busy_ns += ns
         self.total_ns += ns
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from mainspring.cells.cost import CLOCKWORK_COST, ControllerCost, CostedScheduler
+from mainspring.cells.cost import LIVE_COST, ControllerCost, CostedScheduler
 from mainspring.cells.placement import Placement, PlacementConfig
 from mainspring.cells.planner import CellsPlanner, PlannerConfig, Replan, capacity_of_specs
 from mainspring.cells.routing import Costs, routing_costs
@@ -30,6 +30,7 @@ from mainspring.scheduler.registry import make_scheduler
 from mainspring.scheduler.timed import TimedScheduler
 from mainspring.sim.core import ControllerCore
 from mainspring.sim.engine import PRIORITY_WAKEUP, EventLoop
+from mainspring.sim.frontend import FrontendRow
 from mainspring.telemetry.recorder import Recorder
 from mainspring.time import NS_PER_MS, NS_PER_S
 from mainspring.worker.runtimes.emulated import EmulatedDevice
@@ -40,7 +41,10 @@ CELL_ACTION_IDS = 1 << 40  # each cell numbers its actions from its index times 
 @dataclass(frozen=True)
 class CellsConfig:
     cells: int = 1
-    cost: ControllerCost = CLOCKWORK_COST
+    # The policy's calls, the live process around them and the frontend (``cells/cost.py``);
+    # ``CLOCKWORK_COST``: the policy alone, no frontend core (the figures before the process was modelled).
+    cost: ControllerCost = LIVE_COST
+    frontends: int = 1  # frontend processes, each a core of its own (none while the frontend costs nothing)
     signal_period_ns: int = 5 * NS_PER_MS
     signal_delay_ns: int = 1 * NS_PER_MS  # from a cell to the routers
     replan_ns: int = 2 * NS_PER_S
@@ -57,7 +61,7 @@ class CellsConfig:
         for name in ("signal_period_ns", "replan_ns"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("signal_delay_ns", "handover_ns", "max_lag_ns"):
+        for name in ("signal_delay_ns", "handover_ns", "max_lag_ns", "frontends"):
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
 
@@ -96,6 +100,7 @@ class CellsSummary:
     routed_by_signal: int
     second_tries: int
     second_tries_served: int
+    frontends: list[FrontendRow] = field(default_factory=list)  # none: the frontend cost nothing
 
     @property
     def cores(self) -> int:
@@ -116,6 +121,10 @@ def format_cells(summary: CellsSummary) -> str:
         f" {c.most_waited_ms:>15.2f}"
         for c in summary.cells
     ]
+    if summary.frontends:
+        lines.append(f"{'frontend':>8} {'calls':>9} {'shed':>8} {'core busy':>9} {'latest timer ms':>15}")
+        lines += [f"{f.frontend:>8} {f.calls:>9,} {f.shed:>8,} {f.busy:>9.1%} {f.most_lag_ms:>15.2f}"
+                  for f in summary.frontends]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -218,6 +227,7 @@ class Cell:
         """Its controller is too far behind to take ``request``: refused before it reaches the policy."""
         self.requests += 1
         self.refused += 1
+        self.costed.refuse()
         self.recorder.on_request(request, now_ns)
         reason = f"the controller is {lag_ns / NS_PER_MS:.0f} ms behind (max_loop_lag_ms)"
         answer(self, request, Response(request.id, Outcome.OVERLOADED, reason), None)

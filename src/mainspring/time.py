@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -61,6 +62,14 @@ class Timer(Clock, Protocol):
     """A clock that can also call back at a future time (the event loop, or a thread timer)."""
 
     def call_at(self, time_ns: int, callback: Callable[[], None]) -> None: ...
+
+
+class LoopTimer(WallClock):
+    """The running asyncio event loop as a ``Timer``: monotonic time, which is the loop's own clock
+    (``loop.time()``), and callbacks run on the loop at their time."""
+
+    def call_at(self, time_ns: int, callback: Callable[[], None]) -> None:
+        asyncio.get_running_loop().call_at(time_ns / NS_PER_S, callback)
 
 
 class CpuLedger:

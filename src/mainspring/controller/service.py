@@ -35,7 +35,7 @@ from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
 from mainspring.telemetry.metrics import ModelStats, ServingMetrics
 from mainspring.telemetry.recorder import LogWriter
 from mainspring.telemetry.timeline import Timeline
-from mainspring.time import NO_LEDGER, NS_PER_S, Clock, CpuLedger, WallClock
+from mainspring.time import NO_LEDGER, NS_PER_S, Clock, CpuLedger, LoopTimer, Timer
 from mainspring.transport.links import WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,11 @@ class ControllerService:
         log_dir: Path | None = None,
         max_loop_lag_ms: float | None = None,
         policy_settings: Mapping[str, object] | None = None,
-        clock: Clock | None = None,
+        timer: Timer | None = None,
         ledger: CpuLedger = NO_LEDGER,
     ) -> None:
-        self.clock = clock or WallClock()
+        self.timer = timer or LoopTimer()  # the wake-ups the policy asks for, on the clock it is told
+        self.clock: Clock = self.timer
         self.ledger = ledger  # this process's CPU by part (``cpu_ledger``)
         self._admission_part = ledger.part("admission")
         # Unanswered requests (samples) and their input bytes bound memory under any flood and policy; the
@@ -209,7 +210,7 @@ class ControllerService:
         self.loop.call_soon(callback)
 
     def _request_wakeup(self, at_ns: int) -> None:
-        self.loop.call_at(at_ns / NS_PER_S, self.controller.wake)
+        self.timer.call_at(at_ns, self.controller.wake)
 
     def update_gauges(self) -> None:
         self.metrics.workers.set(len(self.connected))

@@ -69,7 +69,7 @@ async def run_point(devices: int, rate: float, seconds: float, seed: int, max_la
     async def one(model: str) -> None:
         begin = time.monotonic()
         try:
-            ((response, _),) = await service.infer(model, [sample])
+            ((response, _),) = await service.infer(model, [sample], service.default_slo_ns)
         except ServiceError:  # refused at the door (429): the loop is behind (max_loop_lag_ms)
             counts["shed"] += 1
             return

@@ -73,7 +73,7 @@ async def direct(service: ControllerService, seconds: float, concurrency: int, m
         nonlocal done
         model = f"echo-{index % models}"
         while time.monotonic() < stop:
-            ((response, _),) = await service.infer(model, [sample])
+            ((response, _),) = await service.infer(model, [sample], service.default_slo_ns)
             if response.status is not ResponseStatus.SUCCESS:
                 raise RuntimeError(f"{response.status.value}: {response.reason}")
             done += 1

@@ -40,10 +40,9 @@ def profile(
     )
 
 
-def request(request_id: int, model: str, at_ns: int, slo_ms: float = 100) -> Request:
-    """A request arriving at ``at_ns`` with a relative SLO."""
-    slo = round(slo_ms * NS_PER_MS)
-    return Request(request_id, model, at_ns, at_ns + slo, slo)
+def request(request_id: int, model: str, at_ns: int, slo_ms: float = 100, margin_ns: int = 0) -> Request:
+    """A request arriving at ``at_ns`` with a relative SLO, its answer's trip back taking ``margin_ns``."""
+    return Request.arriving(request_id, model, at_ns, round(slo_ms * NS_PER_MS), margin_ns)
 
 
 def ok(action_id: int, device: int, begin_ns: int, end_ns: int) -> ActionResult:

@@ -44,8 +44,8 @@ def test_actions_go_to_their_device_and_outputs_reach_the_answer() -> None:
     clock, policy, inboxes, answers, _, controller = setup()
     infer = Infer(7, 1, "m", 1_000, 2_000, 50, (1, 2), 2)
     policy.next = Decisions(actions=[infer])
-    controller.submit(Request(1, "m", 1_000, 5_000, 4_000))
-    controller.submit(Request(2, "m", 1_000, 5_000, 4_000))
+    controller.submit(Request.arriving(1, "m", 1_000, 4_000, 0))
+    controller.submit(Request.arriving(2, "m", 1_000, 4_000, 0))
     assert inboxes[1].actions == [infer] and inboxes[0].actions == []
     clock.advance(100)
     policy.next = Decisions(responses=[Response(2, Outcome.SERVED, action_id=7)])
@@ -57,7 +57,7 @@ def test_actions_go_to_their_device_and_outputs_reach_the_answer() -> None:
 
 def test_a_second_answer_to_one_request_is_a_policy_bug() -> None:
     _, policy, _, _, _, controller = setup()
-    controller.submit(Request(1, "m", 1_000, 5_000, 4_000))
+    controller.submit(Request.arriving(1, "m", 1_000, 4_000, 0))
     policy.next = Decisions(responses=[Response(1, Outcome.OVERLOADED), Response(1, Outcome.OVERLOADED)])
     with pytest.raises(RuntimeError, match="twice"):
         controller.wake()
@@ -67,9 +67,9 @@ def test_results_for_unknown_actions_and_duplicate_request_ids_are_refused() -> 
     _, _, _, _, _, controller = setup()
     with pytest.raises(ValueError, match="unknown action"):
         controller.deliver(ActionResult(99, 0, ActionStatus.OK))
-    controller.submit(Request(1, "m", 1_000, 5_000, 4_000))
+    controller.submit(Request.arriving(1, "m", 1_000, 4_000, 0))
     with pytest.raises(ValueError, match="already outstanding"):
-        controller.submit(Request(1, "m", 1_000, 5_000, 4_000))
+        controller.submit(Request.arriving(1, "m", 1_000, 4_000, 0))
 
 
 def test_wakeups_are_requested_once_per_earlier_time() -> None:
@@ -90,7 +90,7 @@ def test_wakeups_are_requested_once_per_earlier_time() -> None:
 def test_shutdown_answers_everything_outstanding_with_an_error() -> None:
     _, _, _, answers, _, controller = setup()
     for i in range(3):
-        controller.submit(Request(i, "m", 1_000, 5_000, 4_000))
+        controller.submit(Request.arriving(i, "m", 1_000, 4_000, 0))
     assert controller.shutdown("stopping") == 3
     assert sorted(a[0] for a in answers.got) == [0, 1, 2]
     assert {a[1] for a in answers.got} == {ResponseStatus.ERROR}
@@ -115,7 +115,7 @@ def test_an_action_its_link_cannot_send_fails_alone_and_the_rest_of_the_pass_goe
     inboxes = {0: CannotCarry(Infer), 1: ActionInbox()}
     controller = Controller(policy, clock, inboxes, answers)
     for i in (1, 2, 3):
-        controller.submit(Request(i, "m", 1_000, 5_000, 4_000))
+        controller.submit(Request.arriving(i, "m", 1_000, 4_000, 0))
     unsendable, fine = Infer(7, 0, "m", 1_000, 2_000, 50, (1,), 1), Infer(8, 1, "m", 1_000, 2_000, 50, (2,), 1)
     policy.next = Decisions(actions=[unsendable, fine], responses=[Response(3, Outcome.OVERLOADED)])
     controller.wake()

@@ -132,7 +132,7 @@ async def joined(rogue: Rogue, service: ControllerService) -> None:
 
 def infer(service: ControllerService, count: int) -> Any:
     samples = [{"input": np.ones((1, 4), np.float32)} for _ in range(count)]
-    return service.infer("mlp", samples)
+    return service.infer("mlp", samples, service.default_slo_ns)
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))

@@ -94,7 +94,7 @@ class WeighingEveryQueue(BatchPlanner):
         head: Request | None = self.state.feasible_head(queue, now_ns)
         if head is None:
             return None
-        choice = self._batch_within(device, queue, head, start_ns, head.deadline_ns)
+        choice = self._batch_within(device, queue, head, start_ns, head.ready_by_ns)
         if self.config.whole_batches and choice is not None:
             choice = self._keep_backlog_whole(device, queue, start_ns, choice)
         return choice
@@ -121,7 +121,7 @@ class CheckingEveryStrand(StrandCheck):
     ) -> bool:
         room = sum(
             self.state.shapes.largest_batch_by(
-                model, d.kind, max(now_ns, d.exec_lane.free_ns, d.ready_ns[model]), head.deadline_ns
+                model, d.kind, max(now_ns, d.exec_lane.free_ns, d.ready_ns[model]), head.ready_by_ns
             )
             for d in holders
             if model in d.loading

@@ -68,7 +68,7 @@ class ControllerService:
         self.load_limits = ServerLoadLimits(max_outstanding, max_outstanding_bytes, round(lag_ms * 1e6))
         self.policy_name = policy
         self.default_slo_ns = round(default_slo_ms * 1e6)
-        margin_ns = round(deadline_margin_ms * 1e6)
+        self.margin_ns = margin_ns = round(deadline_margin_ms * 1e6)  # every request's result is due this early
         scheduler = make_scheduler(policy, {}, [], random.Random(seed), margin_ns, policy_settings, "policy settings")
         if not isinstance(scheduler, Membership):
             raise ValueError(f"policy {policy!r} cannot serve live: devices and models must be able to come and go")
@@ -150,11 +150,9 @@ class ControllerService:
         return sorted(self.connected.links)
 
     # --- clients ------------------------------------------------------------------------------
-    async def infer(
-        self, model: str, samples: Sequence[Sample], slo_ns: int | None = None, waited_ns: int = 0
-    ) -> list[Answer]:
-        """Submit one request per sample (all with the same deadline, from when the call's first byte was read:
-        ``waited_ns`` ago) and wait for every answer."""
+    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0) -> list[Answer]:
+        """Submit one request per sample (all with the same deadline, ``slo_ns`` from when the call's first byte
+        was read: ``waited_ns`` ago) and wait for every answer."""
         with self._admission_part:
             futures = self._admit(model, samples, slo_ns, waited_ns)
         if len(futures) == 1:  # most calls: without gather's task and callbacks
@@ -162,7 +160,7 @@ class ControllerService:
         return list(await asyncio.gather(*futures))
 
     def _admit(
-        self, model: str, samples: Sequence[Sample], slo_ns: int | None, waited_ns: int
+        self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int
     ) -> list[asyncio.Future[Answer]]:
         if not self.accepting:
             raise ServiceError("unavailable", "the server is shutting down")
@@ -177,12 +175,11 @@ class ControllerService:
             self.metrics.rejections.labels(Outcome.OVERLOADED.value).inc(len(samples))
             self.metrics.triton.refused(served.key, len(samples))
             raise ServiceError("overloaded", f"overloaded: {refusal}")
-        slo = slo_ns if slo_ns is not None else self.default_slo_ns
         self._output_specs[served.key] = served.config.outputs  # what its results must hold
         arrival = self.clock.now_ns() - max(0, waited_ns)
         futures = []
         for sample in samples:
-            request = Request(next(self._request_ids), served.key, arrival, arrival + slo, slo, sample)
+            request = Request.arriving(next(self._request_ids), served.key, arrival, slo_ns, self.margin_ns, sample)
             future: asyncio.Future[Answer] = self.loop.create_future()
             self._futures[request.id] = future
             self._open[served.key] += 1

@@ -42,14 +42,26 @@ DEFAULT_DEADLINE_MARGIN_MS = 1.0
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One client inference. ``deadline_ns`` is absolute, ``slo_ns`` relative."""
+    """One client inference. ``deadline_ns`` (absolute) is its arrival plus ``slo_ns``: when the client
+    must have its answer. ``ready_by_ns`` is when its result must be ready at the worker: the deadline
+    less the controller's margin for the answer's trip back. Every policy plans by ``ready_by_ns`` and
+    sends it in ``Infer.deadlines_ns``; neither is ever rewritten."""
 
     id: int
     model: str
     arrival_ns: int
     deadline_ns: int
     slo_ns: int
+    ready_by_ns: int
     inputs: object = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def arriving(
+        cls, request_id: int, model: str, arrival_ns: int, slo_ns: int, margin_ns: int, inputs: object = None
+    ) -> Request:
+        """A request that arrived at ``arrival_ns`` with ``slo_ns``, its answer's trip back taking ``margin_ns``."""
+        deadline_ns = arrival_ns + slo_ns
+        return cls(request_id, model, arrival_ns, deadline_ns, slo_ns, deadline_ns - margin_ns, inputs)
 
 
 class ResponseStatus(enum.Enum):

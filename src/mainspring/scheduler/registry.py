@@ -16,7 +16,8 @@ from mainspring.scheduler.infer4 import Infer4Scheduler
 from mainspring.scheduler.infer5 import Infer5Scheduler
 from mainspring.time import NS_PER_MS
 
-# profiles, devices, seeded generator, deadline margin (ns: the result's trip back to the client)
+# profiles, devices, seeded generator, deadline margin (ns: the result's trip back to the client, which
+# every request's ``ready_by_ns`` already takes off; clockwork's tight-class guard plans by it too)
 SchedulerFactory = Callable[[Mapping[str, ModelProfile], Sequence[DeviceSpec], random.Random, int], Scheduler]
 
 
@@ -39,16 +40,12 @@ SETTABLE = tuple(_WITH_SETTINGS)
 _FACTORIES: dict[str, SchedulerFactory] = {
     "clockwork": _clockwork(),
     # INFER4 keeps its own 5 ms buffer before every deadline; the baselines plan no deadlines.
-    "infer4": lambda profiles, devices, rng, margin_ns: Infer4Scheduler(
-        profiles, devices, rng, deadline_margin_ns=margin_ns
-    ),
+    "infer4": lambda profiles, devices, rng, margin_ns: Infer4Scheduler(profiles, devices, rng),
     # INFER5, the scheduler of the authors' Figs. 5-8 and 11: schedule-ahead 10 ms, batches of at most 8.
-    "infer5": lambda profiles, devices, rng, margin_ns: Infer5Scheduler(
-        profiles, devices, rng, deadline_margin_ns=margin_ns
-    ),
+    "infer5": lambda profiles, devices, rng, margin_ns: Infer5Scheduler(profiles, devices, rng),
     # The same with schedule-ahead 5 ms, as the authors ran it for Figs. 7, 8 and 11.
     "infer5-5ms": lambda profiles, devices, rng, margin_ns: Infer5Scheduler(
-        profiles, devices, rng, deadline_margin_ns=margin_ns, schedule_ahead_ns=5 * NS_PER_MS
+        profiles, devices, rng, schedule_ahead_ns=5 * NS_PER_MS
     ),
     "triton": lambda profiles, devices, rng, margin_ns: TritonScheduler(profiles, devices, ReactiveConfig()),
     "clipper": lambda profiles, devices, rng, margin_ns: ClipperScheduler(profiles, devices, ReactiveConfig()),

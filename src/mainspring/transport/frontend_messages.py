@@ -28,7 +28,7 @@ class Submit(msgspec.Struct, frozen=True, tag=True):
 
     call: int
     model: str
-    slo_ns: int | None
+    slo_ns: int  # resolved at the edge (the request's, else its model's, else the server's)
     inputs: list[list[TensorMeta]]
     waited_ns: int = 0  # since the call's first byte was read: counts against its deadline
 

@@ -266,7 +266,7 @@ class ReactiveScheduler(PolicyBookkeeping):
         size = profile.padded_batch(len(batch))
         infer = Infer(
             self._new_action_id(), device.spec.device, chosen, now_ns, now_ns + OPEN_WINDOW_NS,
-            profile.exec_ns[size], tuple(r.id for r in batch), size, tuple(r.deadline_ns for r in batch),
+            profile.exec_ns[size], tuple(r.id for r in batch), size, tuple(r.ready_by_ns for r in batch),
         )  # fmt: skip
         self._in_flight[infer.action_id] = infer
         self._batches[infer.action_id] = batch

@@ -60,7 +60,7 @@ class Admission:
     def rejection(self, request: Request, now_ns: int) -> Refusal | None:
         """Why ``request`` must be rejected now, or None to queue it."""
         model = request.model
-        finish_by = request.deadline_ns
+        finish_by = request.ready_by_ns
         held = self.state.residency.holding(model)
         on_holder = min((self._completion_on(d, request, now_ns) for d in held), default=NEVER)
         if on_holder <= finish_by and (not self.config.share_admission or self._within_share(request, now_ns)):
@@ -85,7 +85,7 @@ class Admission:
         model, kind = request.model, device.kind
         start = max(now_ns, device.exec_lane.free_ns, device.ready_ns[model])
         queue = self.state.queues.get(model)
-        if queue is not None and request.deadline_ns >= queue.max_deadline_ns:
+        if queue is not None and request.ready_by_ns >= queue.max_ready_by_ns:
             holders = len(self.state.residency.holders[model])
             own = self._shapes.work_ns(model, queue.count + 1, kind) // holders
         else:
@@ -100,7 +100,7 @@ class Admission:
                 continue
             queue = self.state.queues[other]
             head = queue.head()
-            if head is None or head.deadline_ns > request.deadline_ns:
+            if head is None or head.ready_by_ns > request.ready_by_ns:
                 continue
             work += self._shapes.work_ns(other, queue.count, device.kind) // len(self.state.residency.holders[other])
         return work
@@ -146,7 +146,7 @@ class Admission:
         count = 1 + (queue.count if queue is not None else 0)
         covered = 0.0  # share of the queued work the holders' shares of time cover until the deadline
         for o, d in zip(own, held, strict=True):
-            room = max(0, request.deadline_ns - max(now_ns, d.exec_lane.free_ns)) * recent.share_given(o, d, now_ns)
+            room = max(0, request.ready_by_ns - max(now_ns, d.exec_lane.free_ns)) * recent.share_given(o, d, now_ns)
             if self.config.share_full_batch:
                 room = max(room, self._shapes.work_ns(model, self._shapes.sizes(model)[-1], d.kind))
             covered += room / max(1, self._shapes.work_ns(model, count, d.kind))

@@ -30,13 +30,13 @@ class Choice(NamedTuple):
     start_ns: int
     n_requests: int
     batch_size: int
-    deadline_ns: int  # of its most urgent request
+    ready_by_ns: int  # of its most urgent request
     skip: int = 0  # most urgent requests passed over (they stay queued; see ``_keep_backlog_whole``)
 
     @property
     def exec_ns(self) -> int:
         """The batch's estimate (its slack is what its deadline leaves after it)."""
-        return self.deadline_ns - self.start_ns - self.slack_ns
+        return self.ready_by_ns - self.start_ns - self.slack_ns
 
 
 _new_choice = tuple.__new__  # a Choice from its fields' tuple, without the named tuple's Python-level __new__
@@ -70,7 +70,7 @@ class BatchPlanner:
                 choice = self.best_batch(device, model, start_ns, now_ns)
             else:
                 size, exec_ns = (kept.get(model) or estimates(model, kind))[0][0]
-                deadline = head.deadline_ns
+                deadline = head.ready_by_ns
                 if deadline - start_ns >= exec_ns:
                     fields = (deadline - start_ns - exec_ns, model, start_ns, 1, size, deadline, 0)
                     choices.append(_new_choice(Choice, fields))
@@ -113,7 +113,7 @@ class BatchPlanner:
         head = queue.head()
         assert head is not None  # the queue holds the chosen batch
         until = max(device.exec_lane.free_ns, head.arrival_ns) + min(saved, self._gather_max_ns)
-        if until <= now_ns or until + least_work(table, n + 1) > choice.deadline_ns:
+        if until <= now_ns or until + least_work(table, n + 1) > choice.ready_by_ns:
             return None
         return until
 
@@ -125,7 +125,7 @@ class BatchPlanner:
         head = queue.head()
         # A batch that fits here proves the head feasible (this device holds the model, ready by
         # ``start_ns``): only when none fits is it worth asking every holder (``feasible_head``).
-        choice = None if head is None else self._batch_within(device, queue, head, start_ns, head.deadline_ns)
+        choice = None if head is None else self._batch_within(device, queue, head, start_ns, head.ready_by_ns)
         if choice is None:
             return self._best_batch_of_feasible(device, queue, head, start_ns, now_ns)
         if not self.config.whole_batches or self._whole(queue, choice):
@@ -139,7 +139,7 @@ class BatchPlanner:
         feasible = self.state.feasible_head(queue, now_ns)
         if feasible is None or feasible is head:
             return None
-        choice = self._batch_within(device, queue, feasible, start_ns, feasible.deadline_ns)
+        choice = self._batch_within(device, queue, feasible, start_ns, feasible.ready_by_ns)
         if self.config.whole_batches and choice is not None:
             choice = self._keep_backlog_whole(device, queue, start_ns, choice)
         return choice
@@ -158,7 +158,7 @@ class BatchPlanner:
         largest = shapes.sizes(model)[-1]
         if self._whole(queue, choice):
             return choice
-        deadlines = sorted(r.deadline_ns for r in queue.requests())
+        deadlines = sorted(r.ready_by_ns for r in queue.requests())
         count, n = len(deadlines), choice.n_requests
         kind = device.kind
         after = start_ns + shapes.exec_ns(model, choice.batch_size, kind)
@@ -214,7 +214,7 @@ class BatchPlanner:
                 if self.config.split_padding and padded > count:
                     padded, padded_ns = first_of_split(table, count, size)
                     count = min(count, padded)
-                return Choice(head.deadline_ns - start_ns - padded_ns, model, start_ns, count, padded, head.deadline_ns)
+                return Choice(head.ready_by_ns - start_ns - padded_ns, model, start_ns, count, padded, head.ready_by_ns)
         return None
 
     def batch_within_head(self, device: DeviceState, model: str, start_ns: int, finish_by_ns: int) -> Choice | None:
@@ -251,7 +251,7 @@ class BatchPlanner:
         finish = chosen.start_ns
         for choice in sorted(choices):
             finish += duration[choice.model]
-            if finish > choice.deadline_ns:
+            if finish > choice.ready_by_ns:
                 return max(choices, key=lambda c: (self._efficiency(c, duration[c.model], kind), -c.slack_ns))
         return None  # deadline order serves them all: nothing to trade
 
@@ -269,15 +269,15 @@ class BatchPlanner:
         kind, fastest_ns = device.kind, self.state.shapes.fastest_ns
         chosen_ns = chosen.exec_ns
         others = [c for c in choices if c.model != chosen.model]
-        urgent = min(others, key=lambda c: c.deadline_ns - fastest_ns(c.model, kind))
-        urgent_latest_start = urgent.deadline_ns - fastest_ns(urgent.model, kind)
+        urgent = min(others, key=lambda c: c.ready_by_ns - fastest_ns(c.model, kind))
+        urgent_latest_start = urgent.ready_by_ns - fastest_ns(urgent.model, kind)
         if chosen.start_ns + chosen_ns <= urgent_latest_start:
             return chosen
         if self.config.lookahead_within_share and self.state.demand.over_share(urgent.model, device, now_ns):
             return chosen  # lookahead protects models within their share, not one over-share model from another
-        finish_by = min(urgent.deadline_ns, chosen.deadline_ns - chosen_ns)
+        finish_by = min(urgent.ready_by_ns, chosen.ready_by_ns - chosen_ns)
         first = self.batch_within_head(device, urgent.model, urgent.start_ns, finish_by)
         if first is not None:
             return first
         smaller = self.batch_within_head(device, chosen.model, chosen.start_ns, urgent_latest_start)
-        return smaller if smaller is not None and smaller.deadline_ns >= chosen.deadline_ns else chosen
+        return smaller if smaller is not None and smaller.ready_by_ns >= chosen.ready_by_ns else chosen

@@ -28,8 +28,9 @@ class ClockworkConfig:
     what keeps a burst on one model from starving the rest.
     ``device_admission``: at arrival, count the work other models have queued on a device
     (due no later) before this request, not only its own model's.
-    ``deadline_margin_ms``: plan every batch to end this long before its deadline, for the
-    result's trip back to the client (see ``docs/scheduler/admission.md``).
+    ``deadline_margin_ms``: the margin for the result's trip back to the client that every request's
+    ``ready_by_ns`` already takes off its deadline (the policy plans batches by ``ready_by_ns``); the
+    tight-class guard plans a class's slack by it (see ``docs/scheduler/admission.md``).
     ``demand_counts_rejected``: count rejected arrivals in a model's demand (on: an open-loop
     burst's rejected requests are real demand; without them the burst looks within its share).
     ``whole_batches``: when the most urgent request allows only part of a backlog and the rest

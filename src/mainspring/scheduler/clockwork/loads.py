@@ -190,7 +190,7 @@ class LoadPlanner:
         shapes = self.state.shapes
         estimator = shapes.estimator
         need = min(estimator.load_ns(model, k) + shapes.fastest_ns(model, k) for k in self.state.residency.kinds)
-        latest = head.deadline_ns - need
+        latest = head.ready_by_ns - need
         self._latest_start[model] = (head.id, latest)
         return latest
 
@@ -258,7 +258,7 @@ class LoadPlanner:
         batch = self.state.shapes.padded(model, min(queue.count, self.state.shapes.sizes(model)[-1]))
         kind = self.state.residency.kinds[0]
         per_request = self.state.shapes.exec_ns(model, batch, kind) / batch
-        slack = max((head.deadline_ns + queue.max_deadline_ns) / 2 - now_ns, per_request)
+        slack = max((head.ready_by_ns + queue.max_ready_by_ns) / 2 - now_ns, per_request)
         return queue.count * per_request / slack
 
     # --- placement ------------------------------------------------------------------------------
@@ -268,4 +268,4 @@ class LoadPlanner:
         ready = max(now_ns, device.load_lane.free_ns) + estimator.load_ns(model, device.kind)
         start = max(ready, device.exec_lane.free_ns)
         finish = start + self.state.shapes.fastest_ns(model, device.kind)
-        return finish <= self.state.queues[model].max_deadline_ns
+        return finish <= self.state.queues[model].max_ready_by_ns

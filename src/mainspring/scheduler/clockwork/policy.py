@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import (
@@ -87,7 +87,6 @@ class ClockworkScheduler(PolicyBookkeeping):
         self.estimator.watch(self.strands.estimates_changed)
         self.horizon_ns = config.horizon_ns
         self._slack_ns = config.window_slack_ns
-        self._margin_ns = config.deadline_margin_ns
         self._in_flight: dict[int, _Flight] = {}
         self._measured_ns: dict[str, int] = {}  # per model: its smallest batch's last measurement or probe
         self._probes: list[Infer] = []  # issued by ``on_request``, handed out by the next ``schedule``
@@ -99,8 +98,6 @@ class ClockworkScheduler(PolicyBookkeeping):
         if self._refuse_unservable(request, (d.spec for d in self.residency.devices)):
             return
         self.guard.saw(request.model, request.slo_ns)
-        if self._margin_ns:  # from here on its deadline is when its result must be ready: computed once
-            request = replace(request, deadline_ns=request.deadline_ns - self._margin_ns)
         self.estimator.expire(now_ns)
         model = request.model
         if self.config.demand_counts_rejected:
@@ -181,7 +178,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             if not self.residency.devices:
                 self._answer(request, Outcome.NO_WORKER, "no worker is connected")
             elif request.model in self.profiles and (
-                now_ns + self.state.fastest_anywhere(request.model) <= request.deadline_ns
+                now_ns + self.state.fastest_anywhere(request.model) <= request.ready_by_ns
             ):
                 self.state.enqueue(request)
             else:
@@ -279,7 +276,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         for request in passed_over:
             queue.push(request)
         expected = self.shapes.exec_ns(model, choice.batch_size, device.kind)
-        latest = min(min(r.deadline_ns for r in batch) - expected, start + self._slack_ns)
+        latest = min(min(r.ready_by_ns for r in batch) - expected, start + self._slack_ns)
         earliest = now_ns if self.config.start_early else start
         action = self._dispatch_infer(device, batch, choice.batch_size, (earliest, start, latest), expected, now_ns)
         decisions.actions.append(action)
@@ -307,7 +304,7 @@ class ClockworkScheduler(PolicyBookkeeping):
             expected_duration_ns=expected_ns,
             request_ids=tuple(r.id for r in batch),
             batch_size=batch_size,
-            deadlines_ns=tuple(r.deadline_ns for r in batch),  # the margin for the trip back taken at arrival
+            deadlines_ns=tuple(r.ready_by_ns for r in batch),
         )
         device.exec_lane.plan(action.action_id, start, expected_ns)
         device.pin(model)
@@ -326,7 +323,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         if after is None or (last is not None and now_ns - last < ms_to_ns(after)):
             return False  # measured lately: the estimate is evidence, not a stale figure
         profiled = min(self.profiles[model].exec_ns.values())
-        if now_ns + profiled / STALE_FACTOR > request.deadline_ns:
+        if now_ns + profiled / STALE_FACTOR > request.ready_by_ns:
             return False  # not even a profile taken on a busy machine could be that far off: it would answer late
         idle = [
             d

@@ -12,7 +12,7 @@ class ModelQueue:
     """Requests for one model ordered by deadline. Entries whose request left the
     shared ``live`` map (rejected on expiry) are skipped when reached."""
 
-    __slots__ = ("_changed", "_heap", "_live", "_moved", "count", "max_deadline_ns", "model")
+    __slots__ = ("_changed", "_heap", "_live", "_moved", "count", "max_ready_by_ns", "model")
 
     def __init__(self, model: str, live: dict[int, Request], moved: set[str], changed: set[str]) -> None:
         self.model = model
@@ -21,16 +21,16 @@ class ModelQueue:
         self._moved = moved  # models whose head may have changed (``RequestQueues.head_moved``)
         self._changed = changed  # models whose queue changed at all (``RequestQueues.changed``)
         self.count = 0
-        self.max_deadline_ns = 0
+        self.max_ready_by_ns = 0
 
     def push(self, request: Request) -> None:
-        heapq.heappush(self._heap, (request.deadline_ns, request.id))
+        heapq.heappush(self._heap, (request.ready_by_ns, request.id))
         if self._heap[0][1] == request.id:
             self._moved.add(self.model)
         self._changed.add(self.model)
         self._live[request.id] = request
         self.count += 1
-        self.max_deadline_ns = max(self.max_deadline_ns, request.deadline_ns)
+        self.max_ready_by_ns = max(self.max_ready_by_ns, request.ready_by_ns)
 
     def head(self) -> Request | None:
         heap, live = self._heap, self._live

@@ -78,7 +78,7 @@ class PolicyState:
 
     def enqueue(self, request: Request) -> None:
         """Queue ``request`` until the last moment its fastest batch could start on any device."""
-        expires = request.deadline_ns - self.fastest_anywhere(request.model) + 1
+        expires = request.ready_by_ns - self.fastest_anywhere(request.model) + 1
         after = self.config.spill_after
         strands = None if after is None else request.arrival_ns + int(after * request.slo_ns) + 1
         if self.queues.push(request, expires, strands):
@@ -112,7 +112,7 @@ class PolicyState:
             if head is None:
                 self.close_if_empty(queue.model)
                 return None
-            if self.earliest_completion(queue.model, now_ns) <= head.deadline_ns:
+            if self.earliest_completion(queue.model, now_ns) <= head.ready_by_ns:
                 return head
             queue.pop()
             self.give_up(head, now_ns)

@@ -70,7 +70,7 @@ class StrandCheck:
         for device in holders:
             if model in device.loading:
                 free_ns = max(device.exec_lane.free_ns, device.ready_ns[model])
-                room += self.state.shapes.largest_batch_by(model, device.kind, max(now_ns, free_ns), head.deadline_ns)
+                room += self.state.shapes.largest_batch_by(model, device.kind, max(now_ns, free_ns), head.ready_by_ns)
                 counted.append(device.spec.device)
                 until = min(until, free_ns)
                 if room >= count:

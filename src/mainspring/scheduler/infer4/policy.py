@@ -81,10 +81,8 @@ class Infer4Scheduler(PolicyBookkeeping):
         devices: Sequence[DeviceSpec],
         rng: random.Random | None = None,
         default_slo_ns: int = 100 * NS_PER_MS,
-        deadline_margin_ns: int = 0,
     ) -> None:
         super().__init__(profiles)
-        self._margin_ns = deadline_margin_ns  # only what ``Infer.deadlines_ns`` carries: INFER4 plans by its buffer
         self.rng = rng or random.Random(0)
         self.estimator = Estimator(self.profiles, 10, 99.0, borrow_kind_ratio=False)
         self.tracker = LoadTracker(default_slo_ns)
@@ -299,7 +297,7 @@ class Infer4Scheduler(PolicyBookkeeping):
             expected_duration_ns=exec_ns,
             request_ids=tuple(q.request.id for q in batch),
             batch_size=len(batch),
-            deadlines_ns=tuple(q.request.deadline_ns - self._margin_ns for q in batch),
+            deadlines_ns=tuple(q.request.ready_by_ns for q in batch),  # INFER4 plans by its buffer, not by these
         )
         device.exec_lane.plan(action.action_id, start_ns, exec_ns)
         device.busy[name] = device.busy.get(name, 0) + 1

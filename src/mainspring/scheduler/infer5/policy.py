@@ -51,7 +51,6 @@ class Infer5Scheduler(Infer4Scheduler):
         devices: Sequence[DeviceSpec],
         rng: random.Random | None = None,
         default_slo_ns: int = 100 * NS_PER_MS,
-        deadline_margin_ns: int = 0,
         schedule_ahead_ns: int = 10 * NS_PER_MS,
         max_batch: int = MAX_BATCH,
     ) -> None:
@@ -60,7 +59,7 @@ class Infer5Scheduler(Infer4Scheduler):
         self._size_queues: dict[str, dict[int, deque[QueuedRequest]]] = {}
         self._waiting: set[str] = set()  # models with requests queued (some may have emptied since)
         self._waiting_now: list[str] = []  # this pass's, in name order (``schedule``)
-        super().__init__(profiles, devices, rng, default_slo_ns, deadline_margin_ns)
+        super().__init__(profiles, devices, rng, default_slo_ns)
 
     # --- requests ------------------------------------------------------------------------
     def on_request(self, request: Request, now_ns: int) -> None:

@@ -175,3 +175,20 @@ def test_a_workload_past_what_one_run_holds_is_refused(monkeypatch: pytest.Monke
     with pytest.raises(ValueError, match="asks for more than 500 requests in 60 s"):
         run.generate_arrivals(AzureTrace(scale=1000.0), models, config)
     assert len(run.generate_arrivals(AzureTrace(scale=0.01), models, config)) <= 500
+
+
+def test_simulated_cells_charge_the_live_processes_unless_asked_for_the_policy_alone(tmp_path: Path) -> None:
+    """``--cells``: the controller's core is charged the live process around the policy and a frontend core
+    stands in front (its table and JSON rows); ``--controller-cost policy`` is the policy alone, no frontend."""
+    args = ["simulate", "--models", "24", "--devices", "2", "--workload", "poisson", "--rate", "300"]
+    args += ["--duration-s", "2", "--quiet", "--policy", "clockwork", "--cells", "1"]
+
+    def cells(*extra: str) -> dict[str, list[dict[str, float]]]:
+        assert main([*args, *extra, "--json", str(tmp_path / "r.json")]) == 0
+        results = json.loads((tmp_path / "r.json").read_text())["results"]
+        summary: dict[str, list[dict[str, float]]] = results[0]["cells"]
+        return summary
+
+    live, policy = cells("--frontends", "2"), cells("--controller-cost", "policy")
+    assert [f["frontend"] for f in live["frontends"]] == [0, 1] and policy["frontends"] == []
+    assert live["cells"][0]["cost_us_per_request"] > 2 * policy["cells"][0]["cost_us_per_request"]

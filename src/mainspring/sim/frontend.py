@@ -8,8 +8,9 @@ cells' routing; its answer, on the way back, waits behind what the core holds by
 ``frontend/shedding.py``'s ``ArrivalGate``: its 5 ms timer waits for the core like any other work, so it
 sees the lag the live timer sees, and the least of the last ``PERSIST`` wakes is what it counts, as live.
 It decides on a call when the core reaches it, as the live frontend does once the call's headers are read:
-a call it sheds costs ``refusal_ns`` and is answered ``overloaded`` then. With a frontend that costs nothing there is
-no frontend core at all (``CellsConfig``): a run is the one it was without.
+a call it sheds costs ``refusal_ns`` and is answered ``overloaded`` then. A frontend that costs nothing is no core at
+all (``Passthrough``): a call reaches the routing, and an answer its client, at once, as before it was
+modelled.
 """
 
 from __future__ import annotations
@@ -177,3 +178,33 @@ class Frontends:
         response = Response(request.id, Outcome.OVERLOADED, reason)
         self.recorder.on_answer(request, response, self._loop.now_ns())
         self._answered(request, response)
+
+
+class Passthrough:
+    """Frontends that cost nothing: no core, no gate; what ``Frontends`` does, at once."""
+
+    def __init__(self, route: Callable[[Request], None]) -> None:
+        self.recorder = Recorder()  # sheds nothing
+        self.holding = 0
+        self.arrive = route
+
+    def answer(self, request: Request, then: Event) -> None:
+        then()
+
+    def overloaded_elsewhere(self, request: Request) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def rows(self, span_ns: int) -> list[FrontendRow]:
+        return []
+
+
+def make_frontends(count: int, loop: EventLoop, cost: FrontendCost, slo_ns: int, running: Callable[[], bool],
+                   route: Callable[[Request], None], answered: Callable[[Request, Response], None]
+                   ) -> Frontends | Passthrough:  # fmt: skip
+    """``count`` frontend cores in front of ``route``, or none where they cost nothing (or ``count`` is 0)."""
+    if not count or cost.free:
+        return Passthrough(route)
+    return Frontends(count, loop, cost, slo_ns, running, route, answered)

@@ -27,7 +27,7 @@ from mainspring.sim.cells import (
 )
 from mainspring.sim.collector import fewer_collections
 from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
-from mainspring.sim.frontend import Frontends
+from mainspring.sim.frontend import make_frontends
 from mainspring.telemetry.recorder import Recorder, RequestRow
 from mainspring.telemetry.report import RunReport, build_report
 from mainspring.time import NS_PER_MS, NS_PER_S
@@ -261,10 +261,8 @@ class _CellsRun(_Arrivals):
         self._max_lag_ns = cells.max_lag_ns if cells.max_lag_ns is not None else config.slo_ns // 2
         self._retried: set[int] = set()
         self._closing = False
-        self.frontends: Frontends | None = None  # a frontend that costs nothing is no core at all
-        if cells.frontends and not cells.cost.frontend.free:
-            self.frontends = Frontends(cells.frontends, self.loop, cells.cost.frontend, config.slo_ns,
-                                       lambda: not self.done(), self._route, self._shed)  # fmt: skip
+        self.frontends = make_frontends(cells.frontends, self.loop, cells.cost.frontend, config.slo_ns,
+                                        lambda: not self.done(), self._route, self._shed)  # fmt: skip
         self.loop.call_at(self.routing.planner.next_replan_ns, self._replan, PRIORITY_WAKEUP)
         self.loop.call_at(0, self._signal, PRIORITY_WAKEUP)
 
@@ -283,18 +281,14 @@ class _CellsRun(_Arrivals):
         self.loop.call_at(self.loop.now_ns() + self.config.network_latency_ns, partial(sink, result), PRIORITY_RESULT)
 
     def submit(self, request: Request) -> None:
-        if self.frontends is None:
-            self._route(request)
-        else:
-            self.frontends.arrive(request)
+        self.frontends.arrive(request)
 
     def _route(self, request: Request) -> None:
         now = self.loop.now_ns()
         cell = self.routing.route(request, now)
         lag = cell.core.lag_ns(now)
         if lag > self._max_lag_ns:
-            if self.frontends is not None:
-                self.frontends.overloaded_elsewhere(request)
+            self.frontends.overloaded_elsewhere(request)
             cell.refuse(request, lag, now, self._answered)
         else:
             cell.submit(request)
@@ -304,22 +298,20 @@ class _CellsRun(_Arrivals):
 
     @property
     def outstanding(self) -> int:
-        held = 0 if self.frontends is None else self.frontends.holding
-        return sum(cell.outstanding for cell in self.cells) + held
+        return sum(cell.outstanding for cell in self.cells) + self.frontends.holding
 
     def answered(self) -> list[list[RequestRow]]:
-        shed = [] if self.frontends is None else [self.frontends.recorder.requests]
-        return [cell.recorder.requests for cell in self.cells] + shed
+        return [cell.recorder.requests for cell in self.cells] + [self.frontends.recorder.requests]
 
     @property
     def policy_cpu_ns(self) -> int:
         return sum(cell.timed.cpu_ns for cell in self.cells)
 
     def _answered(self, cell: Cell, request: Request, response: Response, output: object) -> None:
-        if self.frontends is not None and not self._closing:  # back through the frontend's core
-            self.frontends.answer(request, partial(self._answered_out, cell, request, response, output))
-        else:
+        if self._closing:
             self._answered_out(cell, request, response, output)
+        else:  # back through its frontend's core
+            self.frontends.answer(request, partial(self._answered_out, cell, request, response, output))
 
     def _answered_out(self, cell: Cell, request: Request, response: Response, output: object) -> None:
         now = self.loop.now_ns()
@@ -352,8 +344,7 @@ class _CellsRun(_Arrivals):
 
     def shutdown(self, reason: str) -> None:
         self._closing = True  # no second tries from here on
-        if self.frontends is not None:  # what they hold reaches the cells, or the clients, now
-            self.frontends.flush()
+        self.frontends.flush()  # what they hold reaches the cells, or the clients, now
         for cell in self.cells:  # what every last turn decided, before anything is refused
             cell.core.flush()
         for cell in self.cells:
@@ -361,10 +352,7 @@ class _CellsRun(_Arrivals):
 
     def merged_recorder(self) -> Recorder:
         merged = Recorder()
-        recorders = [cell.recorder for cell in self.cells]
-        if self.frontends is not None:
-            recorders.append(self.frontends.recorder)
-        for recorder in recorders:
+        for recorder in [*(cell.recorder for cell in self.cells), self.frontends.recorder]:
             merged.requests.extend(recorder.requests)
             merged.actions.extend(recorder.actions)
             merged.received += recorder.received
@@ -379,7 +367,7 @@ class _CellsRun(_Arrivals):
             [cell.row(span) for cell in self.cells], routing.replans, routing.moves,
             sum(1 for cells in routing.placement.values() if len(cells) > 1), routing.router.picks,
             routing.router.second_tries, routing.second_tries_served,
-            [] if self.frontends is None else self.frontends.rows(span),
+            self.frontends.rows(span),
         )  # fmt: skip
 
 

@@ -52,6 +52,25 @@ def test_late_ticks_cut_the_share_taken_and_on_time_ticks_restore_it() -> None:
     assert gate.share == pytest.approx(0.7)
 
 
+def test_a_loop_far_behind_is_cut_in_proportion_and_one_late_wake_moves_nothing() -> None:
+    """Its timer wakes less often the later the loop runs, so a fixed cut per wake would come ever more
+    slowly while the backlog grows: a loop 20 times late keeps a twentieth at once. One late wake among
+    on-time ones (a long callback, a pause) neither cuts nor restores; every wake late cuts."""
+    gate = ArrivalGate(TARGET)
+    gate.tick(20 * TARGET)
+    assert gate.share == pytest.approx(1 / 20)
+    gate = ArrivalGate(TARGET)
+    gate.woke(0)
+    gate.woke(10 * TARGET)  # one late wake
+    assert gate.share == 1.0
+    gate.woke(10 * TARGET)  # late again: behind, not paused
+    assert gate.share == pytest.approx(0.1)
+    gate.woke(0)  # on time once: not yet shown to keep up
+    assert gate.share == pytest.approx(0.1)
+    gate.woke(0)
+    assert gate.share == pytest.approx(0.15)
+
+
 def test_a_gate_turned_off_takes_every_call_whatever_it_hears() -> None:
     gate = ArrivalGate(TARGET, watching=False)
     gate.overloaded_elsewhere()

@@ -7,9 +7,11 @@ refusing only once the loop is far behind (``max_loop_lag_ms``) is too late, and
 body was read and parsed costs almost as much as serving.
 
 ``ArrivalGate`` watches how late a short timer wakes on the loop (its lag: how long any ready work
-waits) and keeps a share of new calls it admits: the share is cut by a factor each tick the lag is
-above a target, and grows back by a step each tick it is below, so the admitted rate settles where
-the loop keeps up, whatever the rate, the number of workers or the models' mix. The rest are refused
+waits) and keeps a share of new calls it admits: the share is cut each tick the lag is above a target,
+in proportion to how far above (a loop 20 times late keeps a twentieth: its timer wakes that much less
+often, so a fixed cut would come ever more slowly while the backlog grows), and grows back by a step
+each tick it is below, so the admitted rate settles where the loop keeps up, whatever the rate, the
+number of workers or the models' mix. The rest are refused
 at once (429 ``overloaded``), before their body is read. A controller's ``overloaded`` refusal,
 seen by a frontend process, counts as a late tick there too: that frontend then sheds for the
 controller. Admission is spread evenly (a credit per call), not drawn at random, so no seed is needed
@@ -29,7 +31,7 @@ TICK_S = 0.005
 CUT = 0.7  # the share kept after a tick above the target: halves in two late ticks (10 ms)
 STEP = 0.05  # the share regained per tick below it: from the floor to all in about 100 ms
 FLOOR = 0.02  # never refuse everything: a few calls keep measuring whether the loop caught up
-PERSIST = 3  # wakes in a row a lag must last to count (15 ms)
+PERSIST = 2  # wakes in a row a lag must last to count (10 ms)
 SHED = "shed"  # the cause a refusal is counted under (``mainspring_rejections_total{outcome="overloaded"}``)
 
 
@@ -50,13 +52,28 @@ class ArrivalGate:
         self.share = 1.0
         self.lag_ns = 0  # of the last tick
         self._credit = 0.0
+        self._recent = collections.deque([0] * PERSIST, maxlen=PERSIST)
         self._task: asyncio.Task[None] | None = None
 
+    def woke(self, late_ns: int) -> None:
+        """The timer woke ``late_ns`` after it was due. The share is cut when each of the last ``PERSIST`` wakes
+        was late (a loop that is behind is late at every wake, while one long callback, a large body parsed,
+        or the machine pausing the process delays one), and grows back only when each was on time: a loop
+        that has just caught up on a backlog is not yet shown to keep up."""
+        recent = self._recent
+        recent.append(max(0, late_ns))
+        least = min(recent)
+        if least > self.target_ns or max(recent) <= self.target_ns:
+            self.tick(least)
+        else:  # late at one of them only: neither cut nor grow back until the loop shows which it is
+            self.lag_ns = least
+
     def tick(self, lag_ns: int) -> None:
-        """One wake of the timer, ``lag_ns`` late: cut the share above the target, grow it back below."""
+        """A tick at ``lag_ns``: cut the share above the target (at least to ``CUT``, further in proportion to
+        the lag), grow it back below."""
         self.lag_ns = lag_ns
         if lag_ns > self.target_ns:
-            self.share = max(FLOOR, self.share * CUT)
+            self.share = max(FLOOR, self.share * min(CUT, self.target_ns / lag_ns))
         else:
             self.share = min(1.0, self.share + STEP)
 
@@ -90,13 +107,9 @@ class ArrivalGate:
             self._task = None
 
     async def _watch(self) -> None:
-        """Each tick counts the least lag of the last ``PERSIST`` wakes: a loop that is behind is late at every
-        wake, while one long callback (a large body parsed) or the machine pausing the process delays one."""
         period_ns = round(TICK_S * NS_PER_S)
-        recent = collections.deque([0] * PERSIST, maxlen=PERSIST)
         with contextlib.suppress(asyncio.CancelledError):
             while True:
                 begin = time.monotonic_ns()
                 await asyncio.sleep(TICK_S)
-                recent.append(max(0, time.monotonic_ns() - begin - period_ns))
-                self.tick(min(recent))
+                self.woke(time.monotonic_ns() - begin - period_ns)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from mainspring.cells.cost import FrontendCost
-from mainspring.frontend.shedding import PERSIST, TICK_S, ArrivalGate, target_lag_ns
+from mainspring.frontend.shedding import TICK_S, ArrivalGate, target_lag_ns
 from mainspring.protocol import Outcome, Request, Response
 from mainspring.sim.engine import PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
 from mainspring.telemetry.recorder import Recorder
@@ -57,7 +57,6 @@ class FrontendCore:
         self._running = running
         self._waiting: collections.deque[Event] = collections.deque()  # each piece starts, and says its cost
         self._working: Event | None = None  # what the core is doing: it ends with this
-        self._recent = collections.deque([0] * PERSIST, maxlen=PERSIST)
         loop.call_at(TICK_NS, self._timer_due, PRIORITY_WAKEUP)
 
     @property
@@ -128,8 +127,7 @@ class FrontendCore:
     def _timer_woke(self, due_ns: int) -> None:
         now = self._loop.now_ns()
         self.most_lag_ns = max(self.most_lag_ns, now - due_ns)
-        self._recent.append(now - due_ns)
-        self.gate.tick(min(self._recent))
+        self.gate.woke(now - due_ns)
         if self._running():  # the live timer sleeps a tick from its wake
             self._loop.call_at(now + TICK_NS, self._timer_due, PRIORITY_WAKEUP)
 

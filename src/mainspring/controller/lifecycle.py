@@ -20,7 +20,8 @@ from mainspring.controller.workers import WorkerSet
 from mainspring.frontend.port import ServedModel, ServiceError
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import DeviceSpec
-from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
+from mainspring.protocol.model_names import client_name, reload_key
+from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget
 from mainspring.scheduler.base import Membership
 from mainspring.telemetry.metrics import ServingMetrics
 from mainspring.time import NS_PER_S, Clock
@@ -67,7 +68,7 @@ class ModelLifecycle:
         corrections, matching = [], set()
         for info in models:
             key = info.config.name
-            name = served_name(key)
+            name = client_name(key)
             served = self.models.get(name)
             if served is None and name not in self._unloaded:  # under its key: a restarted controller's worker
                 profile = ModelProfile.from_json(info.profile, f"worker {handle.name} model {key}")
@@ -130,7 +131,7 @@ class ModelLifecycle:
                 raise ServiceError("not_found", f"model {model!r} is not loaded")
             key = old.key
             while key == old.key:  # a key adopted from a worker may have any suffix
-                key = f"{model}@{next(self._generations)}"
+                key = reload_key(model, next(self._generations))
             target = ModelTarget(model, served_as=key)
             begin = time.monotonic()
             self.models[model] = new = await self._load_everywhere(target, timeout_s, keep_reason=False)
@@ -221,5 +222,5 @@ class ModelLifecycle:
         self._host.controller.pump()  # hand out the answers of its queued requests
         await self._host.announce()
         await self._host.connected.model_op(
-            ModelOperation.UNLOAD, ModelTarget(served_name(key), served_as=key), timeout_s
+            ModelOperation.UNLOAD, ModelTarget(client_name(key), served_as=key), timeout_s
         )

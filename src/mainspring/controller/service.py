@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import itertools
 import logging
 import random
@@ -27,7 +26,6 @@ from mainspring.controller.workers import WorkerSet
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
 from mainspring.frontend.shedding import SHED
 from mainspring.protocol import Outcome, Request, Response
-from mainspring.protocol.models import served_name
 from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.protocol.tensors import Sample, TensorSpec
 from mainspring.scheduler.base import Membership, Warms
@@ -197,9 +195,6 @@ class ControllerService:
                 self._open[request.model] = left
             else:
                 del self._open[request.model]
-            name = served_name(request.model)
-            if name != request.model and request.model in response.reason:  # a reloaded model's internal name
-                response = dataclasses.replace(response, reason=response.reason.replace(request.model, name))
             if not future.done():
                 future.set_result((response, output))
 

@@ -14,7 +14,8 @@ import msgspec
 from mainspring.controller.controller import Controller
 from mainspring.frontend.port import ServiceError
 from mainspring.protocol import Action, DeviceSpec
-from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget, served_name
+from mainspring.protocol.model_names import client_name
+from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget
 from mainspring.transport.links import WorkerHandle
 
 log = logging.getLogger("mainspring.controller.service")
@@ -26,17 +27,17 @@ def announced_only(
     """A joining worker's models, devices' resident models and load errors, less what names a model
     not in ``known`` (the repository's): such a model is ignored, with a warning, never served."""
     known = set(known)
-    unknown = sorted({info.config.name for info in models if served_name(info.config.name) not in known})
-    if not unknown and all(served_name(m) in known for m in errors):
+    unknown = sorted({info.config.name for info in models if client_name(info.config.name) not in known})
+    if not unknown and all(client_name(m) in known for m in errors):
         return models, devices, errors
     if unknown:
         log.warning("worker %s announces %d model(s) the repository does not have, ignored: %s",
                     worker, len(unknown), ", ".join(unknown[:10]) + (" ..." if len(unknown) > 10 else ""))  # fmt: skip
-    kept = [info for info in models if served_name(info.config.name) in known]
+    kept = [info for info in models if client_name(info.config.name) in known]
     kept_devices = [
-        msgspec.structs.replace(d, resident=tuple(m for m in d.resident if served_name(m) in known)) for d in devices
+        msgspec.structs.replace(d, resident=tuple(m for m in d.resident if client_name(m) in known)) for d in devices
     ]
-    return kept, kept_devices, {m: e for m, e in errors.items() if served_name(m) in known}
+    return kept, kept_devices, {m: e for m, e in errors.items() if client_name(m) in known}
 
 
 class DeviceLink:

@@ -21,7 +21,8 @@ import msgspec
 
 from mainspring.models.errors import ModelLoadError
 from mainspring.models.profile import ModelProfile, builtin_profiles, dump_profiles, load_profiles
-from mainspring.protocol.models import MODEL_NAME, ModelConfig
+from mainspring.protocol.model_names import MODEL_NAME
+from mainspring.protocol.models import ModelConfig
 
 CONFIG_FILE = "config.json"
 PROFILE_FILE = "profile.json"

@@ -5,25 +5,16 @@ each model, and the operations the controller asks of a worker's repository."""
 from __future__ import annotations
 
 import enum
-import re
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from mainspring.protocol.model_names import MODEL_KEY
 from mainspring.protocol.requests import slo_problem
 from mainspring.protocol.tensors import TensorSpec
 
 FORMATS = ("torch_export", "torchscript", "safetensors", "onnx")
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-# A model reloaded in place is served, while its previous load drains, under an internal name that no
-# repository folder can have (``resnet18@2``): the policy and the workers tell the two loads apart by it.
-SERVED_NAME = re.compile(MODEL_NAME.pattern + r"(@[0-9]{1,18})?")
-
-
-def served_name(key: str) -> str:
-    """The name clients use for a model's internal name (``resnet18@2`` -> ``resnet18``)."""
-    return key.partition("@")[0]
 
 
 class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -53,7 +44,7 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"batch_sizes {list(self.batch_sizes)} must be increasing without repeats")
         if self.format == "safetensors" and not self.architecture:
             raise ValueError("format 'safetensors' needs an 'architecture' (a zoo model name)")
-        if not SERVED_NAME.fullmatch(self.name):
+        if not MODEL_KEY.fullmatch(self.name):  # a worker's config names a reload by its key
             raise ValueError(f"name {self.name!r} must be letters, digits, '_', '.' or '-' (at most 128)")
         if Path(self.file).name != self.file or self.file in ("", ".", ".."):
             raise ValueError(f"file {self.file!r} must be a file name in the version folder, not a path")

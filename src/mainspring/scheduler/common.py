@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import ActionResult, DeviceSpec, Outcome, Request, Response
+from mainspring.protocol.model_names import client_name
 
 
 class PolicyBookkeeping:
@@ -97,7 +98,7 @@ class PolicyBookkeeping:
     def _refuse_unservable(self, request: Request, specs: Iterable[DeviceSpec]) -> bool:
         """Answer with an error a request for an unknown model or one that fits on no device."""
         if request.model not in self.profiles:
-            self._answer(request, Outcome.UNKNOWN_MODEL, f"unknown model {request.model!r}")
+            self._answer(request, Outcome.UNKNOWN_MODEL, f"unknown model {client_name(request.model)!r}")
             return True
         any_device = False
         for spec in specs:  # stops at the first device it fits: asked for every request
@@ -107,5 +108,6 @@ class PolicyBookkeeping:
         if not any_device:
             self._answer(request, Outcome.NO_WORKER, "no worker is connected")
         else:
-            self._answer(request, Outcome.DOES_NOT_FIT, f"model {request.model!r} does not fit on any device")
+            name = client_name(request.model)
+            self._answer(request, Outcome.DOES_NOT_FIT, f"model {name!r} does not fit on any device")
         return True

@@ -14,6 +14,7 @@ from mainspring.cells.signal import cell_signal
 from mainspring.cells.wire import SignalPublisher
 from mainspring.controller.frontends import FrontendHub
 from mainspring.controller.service import ControllerService
+from mainspring.protocol.model_names import client_name
 
 log = logging.getLogger("mainspring.serve")
 
@@ -64,10 +65,10 @@ class Cell:
         """This cell's load signal, under the names clients use (``ServedModel.key`` inside)."""
         service = self._service
         wanted = self._hub.signal_models  # those it serves with other cells: routing reads no other
-        names = {served.key: name for name, served in service.models.items() if wanted is None or name in wanted}
+        keys = [served.key for name, served in service.models.items() if wanted is None or name in wanted]
         now = service.clock.now_ns()
-        signal = cell_signal(self.role.index, service.policy, service.device_count, now, names)
-        finish = {names[key]: end for key, end in signal.finish_ns.items()}
+        signal = cell_signal(self.role.index, service.policy, service.device_count, now, keys)
+        finish = {client_name(key): end for key, end in signal.finish_ns.items()}
         return CellSignal(signal.cell, signal.at_ns, signal.devices, finish, signal.cold_start_ns, self._incarnation)
 
     async def stop(self) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mainspring.protocol import Action, ActionResult, Infer, Request, Response, ResponseStatus, action_kind
-from mainspring.protocol.models import served_name
+from mainspring.protocol.model_names import client_name
 from mainspring.telemetry.host_metrics import HostMetrics
 from mainspring.telemetry.triton_metrics import TritonMetrics
 from mainspring.time import NS_PER_S
@@ -165,17 +165,17 @@ class ServingMetrics:
         self.prediction_error.labels(kind).observe((timing.duration_ns - action.expected_duration_ns) / NS_PER_S)
         if isinstance(action, Infer):
             self._busy.setdefault(action.device, deque()).append((timing.begin_ns, timing.end_ns))
-            stats = self.stats(served_name(action.model))
+            stats = self.stats(client_name(action.model))
             stats.execution_count += 1
             stats.inference_count += len(action.request_ids)
         elif kind == "load":
-            self.loads.labels(served_name(action.model)).inc()
+            self.loads.labels(client_name(action.model)).inc()
         else:
-            self.evictions.labels(served_name(action.model)).inc()
+            self.evictions.labels(client_name(action.model)).inc()
 
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
         self.triton.on_answer(request, response, now_ns)
-        latency, model = now_ns - request.arrival_ns, served_name(request.model)  # one series across reloads
+        latency, model = now_ns - request.arrival_ns, client_name(request.model)  # one series across reloads
         self.requests.labels(model, response.status.value).inc()
         stats = self.stats(model)
         if response.status is ResponseStatus.SUCCESS:

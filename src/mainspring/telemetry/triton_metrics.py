@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from mainspring.protocol import Action, ActionResult, Infer, Outcome, Request, Response
-from mainspring.protocol.models import served_name
+from mainspring.protocol.model_names import client_name
 from mainspring.time import NS_PER_S, NS_PER_US
 
 REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
@@ -99,7 +99,7 @@ class TritonMetrics:
         self._versions[key] = version
         self.series(key)  # every served model has its series, as in Triton, from its load on
         if load_s is not None:
-            self._load_s[key] = ((served_name(key), str(version)), load_s)
+            self._load_s[key] = ((client_name(key), str(version)), load_s)
 
     def retire(self, key: str) -> None:
         """``key`` is no longer served: its load time goes, as Triton's does on unload; its counters stay."""
@@ -109,7 +109,7 @@ class TritonMetrics:
     def series(self, key: str) -> ModelSeries:
         series = self._by_key.get(key)
         if series is None:
-            labels = (served_name(key), str(self._versions.get(key, 1)))
+            labels = (client_name(key), str(self._versions.get(key, 1)))
             series = self._by_labels.get(labels) or ModelSeries(labels[0], int(labels[1]))
             self._by_key[key] = self._by_labels[labels] = series
         return series

@@ -50,7 +50,7 @@ class Worker(Protocol):
 
     def register(self, model: str, version: int | None = None, served_as: str = "") -> ModelProfile:
         """Start serving a repository model (at ``version``; None: the repository's), under ``served_as``
-        (an internal name, ``SERVED_NAME``; "": its own); ``ModelLoadError`` with the reason if it cannot."""
+        (its key, ``protocol/model_names.py``; "": its own name); ``ModelLoadError`` with the reason if it cannot."""
         ...
 
     def unregister(self, model: str) -> None: ...

@@ -24,6 +24,7 @@ from mainspring.protocol import (
     Request,
     Response,
 )
+from mainspring.protocol.model_names import client_name
 from mainspring.scheduler.base import Decisions
 from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.time import NS_PER_S, ms_to_ns
@@ -170,7 +171,7 @@ class ReactiveScheduler(PolicyBookkeeping):
             self._queues.clear()
 
     def remove_model(self, model: str, now_ns: int) -> None:
-        reason = f"model {model!r} was unloaded"
+        reason = f"model {client_name(model)!r} was unloaded"
         for request in self._queues.pop(model, ()):
             self._answer(request, Outcome.MODEL_UNLOADED, reason)
         for action_id, action in self._in_flight.items():

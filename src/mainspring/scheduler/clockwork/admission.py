@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from mainspring.protocol import Request
+from mainspring.protocol.model_names import client_name
 from mainspring.scheduler.clockwork.evictions import Evictions
 from mainspring.scheduler.clockwork.state import PolicyState
 from mainspring.scheduler.clockwork.tracker import DeviceState
@@ -71,7 +72,8 @@ class Admission:
                 self.state.demand.needs_replica.add(model)
             return None
         if on_holder <= finish_by:
-            reason = f"overloaded: requests queued for {model} already fill its share of the devices until the deadline"
+            name = client_name(model)
+            reason = f"overloaded: requests queued for {name} already fill its share of the devices until the deadline"
             return Refusal(reason, overloaded=True)
         need = ns_to_ms(min(on_holder, on_new) - request.arrival_ns)
         slo = ns_to_ms(request.slo_ns)

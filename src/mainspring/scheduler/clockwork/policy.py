@@ -29,6 +29,7 @@ from mainspring.protocol import (
     Outcome,
     Request,
 )
+from mainspring.protocol.model_names import client_name
 from mainspring.scheduler.base import Decisions, Forecast
 from mainspring.scheduler.clockwork.admission import Admission
 from mainspring.scheduler.clockwork.batching import BatchPlanner, Choice
@@ -198,7 +199,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         return True
 
     def remove_model(self, model: str, now_ns: int) -> None:
-        reason = f"model {model!r} was unloaded"
+        reason = f"model {client_name(model)!r} was unloaded"
         for request in self.queues.take_all(model):
             self._answer(request, Outcome.MODEL_UNLOADED, reason)
         self.state.close_if_empty(model)
@@ -383,7 +384,7 @@ class ClockworkScheduler(PolicyBookkeeping):
         self.residency.release(device, model, self.state.pages_on(model, device))
         if result.status is ActionStatus.ERROR and model not in self.residency.holders and model in self.queues:
             for request in self.queues.take_all(model):
-                self._answer(request, Outcome.LOAD_FAILED, f"loading {model} failed: {result.message}")
+                self._answer(request, Outcome.LOAD_FAILED, f"loading {client_name(model)} failed: {result.message}")
             self.state.close_if_empty(model)
 
     # --- loads (planned by ``LoadPlanner``) ---------------------------------------------------

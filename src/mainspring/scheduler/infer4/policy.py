@@ -44,6 +44,7 @@ from mainspring.protocol import (
     Outcome,
     Request,
 )
+from mainspring.protocol.model_names import client_name
 from mainspring.scheduler.base import Decisions, Forecast
 from mainspring.scheduler.common import PolicyBookkeeping
 from mainspring.scheduler.estimator import Estimator
@@ -202,7 +203,7 @@ class Infer4Scheduler(PolicyBookkeeping):
                     self._add_strategies(device, name, queued)
 
     def remove_model(self, model: str, now_ns: int) -> None:
-        reason = f"model {model!r} was unloaded"
+        reason = f"model {client_name(model)!r} was unloaded"
         entry = self.models.pop(model, None)
         if entry is not None:
             self._fail(list(entry.queue), Outcome.MODEL_UNLOADED, reason, None)

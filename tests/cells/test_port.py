@@ -188,8 +188,10 @@ def test_a_cell_signals_only_the_models_the_plan_shares_once_the_frontends_say(t
         cells = CellsPort("frontend-1", [role.endpoint], [role.signal_endpoint], settles=True)  # as serve's
         try:
             await cells.start(timeout_s=5)  # its plan, in the background, says: none shared
-            await until(lambda: cell.signal().finish_ns == {})
-            assert "a" in service.policy.residency.holders  # type: ignore[attr-defined]  # held, not signalled
+            await until(lambda: cell._hub.signal_models == frozenset())
+            await service.warm("a")  # (again, should the plan have let it go)
+            await until(lambda: "a" in service.policy.residency.holders)  # type: ignore[attr-defined]
+            assert cell.signal().finish_ns == {}  # held, not signalled
         finally:
             await cells.close()
             await cell.stop()

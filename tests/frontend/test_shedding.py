@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,3 +144,57 @@ def test_a_late_loop_refuses_new_calls_at_once_and_takes_them_again_once_it_catc
     recovered = [status for phase_now, status, _ in answers if phase_now == "caught up"]
     assert recovered[-20:] == [200] * 20, recovered[-30:]  # every call taken again, twenty in a row
     assert all(status in (200, 429) for status in recovered)
+
+
+def test_a_controller_whose_loop_runs_late_refuses_calls_from_frontend_processes_before_admitting_them(
+    tmp_path: Path,
+) -> None:
+    """The controller's end of the frontend channel (a cell, or ``--frontends`` processes) sheds at arrival
+    as a frontend does: while its loop is held up, calls are refused ``overloaded`` before the policy sees
+    them (none is admitted to expire in its queue); once it catches up, calls are served again."""
+    from mainspring.controller.frontends import FrontendHub
+    from mainspring.frontend.port import ServiceError
+    from mainspring.frontend.remote import RemoteController
+
+    outcomes: list[tuple[str, str]] = []
+
+    async def call(remote: RemoteController, phase: str) -> None:
+        sample = {"input": np.ones((1, 3), dtype=np.float32)}
+        try:
+            answers = await remote.infer("a", [sample], 1_000 * NS_PER_MS)
+            outcomes.append((phase, answers[0][0].outcome.value))
+        except ServiceError as error:
+            outcomes.append((phase, f"{error.kind}: {error}"))
+
+    async def scenario() -> None:
+        service = ControllerService(default_slo_ms=1000, max_loop_lag_ms=60_000)  # only the gate refuses
+        handle = emulated(service)
+        handle.join()
+        hub = FrontendHub(service, f"ipc://{tmp_path}/frontends")
+        await hub.start()
+        remote = RemoteController(hub.endpoint, "frontend-1")
+        await remote.start(timeout_s=5)
+        calls: list[asyncio.Task[None]] = []
+        try:
+            hog_until = time.monotonic() + 60.0
+            while time.monotonic() < hog_until and sum("overloaded" in o for _, o in outcomes) < 5:
+                calls.append(asyncio.create_task(call(remote, "hogged")))
+                time.sleep(0.1)  # the loop's CPU spent elsewhere: twice the target lag of a 1 s SLO
+                await asyncio.sleep(0)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and [o for p, o in outcomes[-10:] if p == "caught up"] != ["served"] * 10:
+                await call(remote, "caught up")
+                await asyncio.sleep(0.01)
+            await asyncio.gather(*calls)
+        finally:
+            await remote.close()
+            await hub.close()
+            await service.drain(1.0)
+            handle.close("test over")
+
+    asyncio.run(scenario())
+    hogged = [o for p, o in outcomes if p == "hogged"]
+    shed = [o for o in hogged if o.startswith("overloaded")]
+    assert len(shed) >= 5 and all("event loop runs" in o for o in shed), hogged[:5]
+    assert all(o == "served" or o.startswith("overloaded") for o in hogged), hogged  # none expired in a queue
+    assert [o for p, o in outcomes if p == "caught up"][-10:] == ["served"] * 10

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any
 
 import msgspec
@@ -22,7 +21,8 @@ import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
 from mainspring.controller.service import ControllerService
-from mainspring.frontend.port import ServiceError
+from mainspring.frontend.port import Answer, ServiceError
+from mainspring.frontend.shedding import ArrivalGate, target_lag_ns
 from mainspring.models.errors import ModelLoadError
 from mainspring.protocol import Outcome
 from mainspring.protocol.models import ModelInfo
@@ -51,7 +51,9 @@ log = logging.getLogger(__name__)
 class FrontendHub:
     """Serves frontend processes on ``endpoint`` for ``service``."""
 
-    def __init__(self, service: ControllerService, endpoint: str, secret: str = "") -> None:
+    def __init__(self, service: ControllerService, endpoint: str, secret: str = "", shed: bool = True) -> None:
+        """``shed``: refuse calls at once (429 ``overloaded``, before admission) while this process's loop runs
+        late, as a frontend does (``frontend/shedding.py``): the controller sheds what it cannot plan in time."""
         self.service = service
         self.endpoint = endpoint
         self._secret = tcp_secret(endpoint, secret)
@@ -65,6 +67,8 @@ class FrontendHub:
         self._seq = 0  # of the last state sent
         self._applied: dict[bytes, int] = {}  # the last state each frontend said it answers from
         self._acked = asyncio.Event()
+        self.gate = ArrivalGate(target_lag_ns(service.default_slo_ns), watching=shed)
+        self._shed_count: Any = None  # mainspring_rejections_total{outcome="overloaded"}, looked up once
         self.signal_models: frozenset[str] | None = None  # a cell's: None until the frontends say (then all)
         self._receive_part = service.ledger.part("receive")
         self._answer_part = service.ledger.part("answer")
@@ -88,10 +92,12 @@ class FrontendHub:
         self.service.state_listeners.append(self._broadcast_if_changed)
         self._batched = Batched(socket, self._take)
         self._batched.start()
+        self.gate.watch()
 
     async def close(self) -> None:
         if self._broadcast_if_changed in self.service.state_listeners:
             self.service.state_listeners.remove(self._broadcast_if_changed)
+        self.gate.stop()
         if self._batched is not None:
             self._batched.stop()
         for task in self._tasks:
@@ -170,7 +176,7 @@ class FrontendHub:
             reason = "this controller was restarted since the call was sent; the frontend joins it again"
             self._send(key, Refused(message.call, RESTARTED, reason))
         elif isinstance(message, Submit) and samples is not None:
-            self._spawn(self._infer(key, message, samples, time.monotonic_ns()))
+            self._infer(key, message, samples)
         elif isinstance(message, Ask):
             self._spawn(self._ask(key, message))
         elif isinstance(message, Dropped):
@@ -183,7 +189,9 @@ class FrontendHub:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _infer(self, identity: bytes, submit: Submit, samples: list[dict[str, Any]], received_ns: int) -> None:
+    def _infer(self, identity: bytes, submit: Submit, samples: list[dict[str, Any]]) -> None:
+        """Admit the call now; its answers go back when the last is made (no task per call: under load
+        the loop's own work per task cost more than admitting)."""
         with self._metrics_part:
             calls = self._calls_of.get(identity)
             if calls is None:
@@ -191,17 +199,24 @@ class FrontendHub:
                     self._frontends.get(identity, "?")
                 )
             calls.inc()
-        waited = submit.waited_ns + time.monotonic_ns() - received_ns  # in the frontend, then in this loop
-        try:
-            answers = await self.service.infer(submit.model, samples, submit.slo_ns, waited)
+
+        def answer(answers: list[Answer]) -> None:
+            with self._answer_part:
+                outputs = [output if response.outcome is Outcome.SERVED else {} for response, output in answers]
+                reply = Answers(submit.call, [r.outcome for r, _ in answers], [r.reason for r, _ in answers],
+                                metas_of(outputs))  # fmt: skip
+                self._send(identity, reply, outputs)
+
+        if not self.gate.admit():  # cheaper refused now than planned late
+            if self._shed_count is None:
+                self._shed_count = self.service.metrics.rejections.labels(Outcome.OVERLOADED.value)
+            self._shed_count.inc(len(samples))
+            self._send(identity, Refused(submit.call, "overloaded", self.gate.reason()))
+            return
+        try:  # the call's time in the frontend counts against its deadline
+            self.service.submit(submit.model, samples, submit.slo_ns, submit.waited_ns, answer)
         except ServiceError as error:
             self._send(identity, Refused(submit.call, error.kind, str(error)))
-            return
-        with self._answer_part:
-            outputs = [output if response.outcome is Outcome.SERVED else {} for response, output in answers]
-            reply = Answers(submit.call, [r.outcome for r, _ in answers], [r.reason for r, _ in answers],
-                            metas_of(outputs))  # fmt: skip
-            self._send(identity, reply, outputs)
 
     async def _ask(self, identity: bytes, ask: Ask) -> None:
         service = self.service

@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mainspring.controller.controller import Controller, ControllerObserver, Observers
 from mainspring.controller.lifecycle import ModelLifecycle
@@ -92,7 +92,7 @@ class ControllerService:
             ledger=ledger,
         )
         self._request_ids = itertools.count(1)
-        self._futures: dict[int, asyncio.Future[Answer]] = {}
+        self._calls: dict[int, tuple[_Call, int]] = {}  # request id -> its call, and its place in the call
         self._open: collections.Counter[str] = collections.Counter()  # unanswered requests per model key
         self.lifecycle = ModelLifecycle(self)
         # What the transports report (joins, results, losses) goes there; it drops misbehaving workers.
@@ -151,15 +151,26 @@ class ControllerService:
     async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0) -> list[Answer]:
         """Submit one request per sample (all with the same deadline, ``slo_ns`` from when the call's first byte
         was read: ``waited_ns`` ago) and wait for every answer."""
+        answered: asyncio.Future[list[Answer]] = self.loop.create_future()
+
+        def done(answers: list[Answer]) -> None:
+            if not answered.done():  # not when its caller was cancelled
+                answered.set_result(answers)
+
+        self.submit(model, samples, slo_ns, waited_ns, done)
+        return await answered
+
+    def submit(
+        self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int, done: Callable[[list[Answer]], None]
+    ) -> None:
+        """``infer`` without a coroutine: ``done`` gets every answer, in sample order, when the last is made
+        (called on the answer's own path, once). ``ServiceError`` for a call refused as a whole."""
         with self._admission_part:
-            futures = self._admit(model, samples, slo_ns, waited_ns)
-        if len(futures) == 1:  # most calls: without gather's task and callbacks
-            return [await futures[0]]
-        return list(await asyncio.gather(*futures))
+            self._admit(model, samples, slo_ns, waited_ns, done)
 
     def _admit(
-        self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int
-    ) -> list[asyncio.Future[Answer]]:
+        self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int, done: Callable[[list[Answer]], None]
+    ) -> None:
         if not self.accepting:
             raise ServiceError("unavailable", "the server is shutting down")
         served = self.models.get(model)
@@ -175,28 +186,25 @@ class ControllerService:
             raise ServiceError("overloaded", f"overloaded: {refusal}")
         self._output_specs[served.key] = served.config.outputs  # what its results must hold
         arrival = self.clock.now_ns() - max(0, waited_ns)
-        futures = []
-        for sample in samples:
+        call = _Call(len(samples), done)
+        for index, sample in enumerate(samples):
             request = Request.arriving(next(self._request_ids), served.key, arrival, slo_ns, self.margin_ns, sample)
-            future: asyncio.Future[Answer] = self.loop.create_future()
-            self._futures[request.id] = future
+            self._calls[request.id] = (call, index)
             self._open[served.key] += 1
             self.load_limits.admit(request.id, size)
-            futures.append(future)
             self.controller.submit(request)
-        return futures
 
     def _answer(self, request: Request, response: Response, output: object) -> None:
-        future = self._futures.pop(request.id, None)
-        if future is not None:
+        entry = self._calls.pop(request.id, None)
+        if entry is not None:
             self.load_limits.release(request.id)
             left = self._open[request.model] - 1
             if left > 0:
                 self._open[request.model] = left
             else:
                 del self._open[request.model]
-            if not future.done():
-                future.set_result((response, output))
+            call, index = entry
+            call.answered(index, (response, output))
 
     def _soon(self, callback: Callable[[], None]) -> None:
         self.loop.call_soon(callback)
@@ -285,3 +293,23 @@ class ControllerService:
         if self.logs is not None:
             self.logs.close()
         return left
+
+
+class _Call:
+    """One client call's answers, in sample order; ``done`` gets them once the last is made."""
+
+    __slots__ = ("answers", "done", "left")
+
+    def __init__(self, samples: int, done: Callable[[list[Answer]], None]) -> None:
+        self.answers: list[Answer | None] = [None] * samples
+        self.left = samples
+        self.done = done
+
+    def answered(self, index: int, answer: Answer) -> None:
+        self.answers[index] = answer
+        self.left -= 1
+        if self.left == 0:
+            try:
+                self.done(cast("list[Answer]", self.answers))
+            except Exception:  # a caller's failure must not stop the pass that answered it
+                log.exception("could not hand a call its answers")

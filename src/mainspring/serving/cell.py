@@ -36,10 +36,10 @@ class CellRole:
 class Cell:
     """The cell's side facing the frontends: the channel to its controller, and its load signal."""
 
-    def __init__(self, role: CellRole, service: ControllerService, secret: str) -> None:
+    def __init__(self, role: CellRole, service: ControllerService, secret: str, shed: bool = True) -> None:
         self.role = role
         self._service = service
-        self._hub = FrontendHub(service, role.endpoint, secret=secret)
+        self._hub = FrontendHub(service, role.endpoint, secret=secret, shed=shed)  # shed: at arrival, when late
         self._publisher = SignalPublisher(role.signal_endpoint, self.signal, secret)
         self._ticker: asyncio.Task[None] | None = None
         self._signal_part = service.ledger.part("signal")

@@ -102,7 +102,7 @@ class Frontends:
         self._channel_dir = tempfile.TemporaryDirectory(prefix="mainspring-")
         endpoint = f"ipc://{self._channel_dir.name}/frontends"
         if cells is None:
-            self._hub = FrontendHub(self._service, endpoint)
+            self._hub = FrontendHub(self._service, endpoint, shed=config.shed_at_arrival)
             await self._hub.start()
         limits = {f.name: getattr(config, f.name) for f in fields(RequestLimits)}
         # Shared-memory registrations are the server's: each frontend process reads them from one folder.

@@ -40,7 +40,9 @@ class Server:
         self._stop = asyncio.Event()
         self.node = ControllerNode(config, cell.index if cell else None, plans=cells is None)
         self.cells = cells  # this server's frontends serve several cells
-        self.cell = Cell(cell, self.node.service, config.worker_secret) if cell else None  # one cell of several
+        self.cell = (
+            Cell(cell, self.node.service, config.worker_secret, config.shed_at_arrival) if cell else None
+        )  # one cell of several
         self.front = Frontends(config, self.node.service, cells) if cell is None else None
         self.supervisor = Supervisor(config.max_restarts_per_minute, self._stop)
         self.supervisor.flocks.append(self.node.flock())

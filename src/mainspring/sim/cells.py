@@ -22,6 +22,7 @@ from mainspring.cells.planner import CellsPlanner, PlannerConfig, Replan, capaci
 from mainspring.cells.routing import Costs, routing_costs
 from mainspring.cells.signal import cell_signal
 from mainspring.controller import Controller
+from mainspring.frontend.shedding import ArrivalGate
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
 from mainspring.scheduler.base import Scheduler, Warms
@@ -30,7 +31,7 @@ from mainspring.scheduler.registry import make_scheduler
 from mainspring.scheduler.timed import TimedScheduler
 from mainspring.sim.core import ControllerCore
 from mainspring.sim.engine import PRIORITY_WAKEUP, EventLoop
-from mainspring.sim.frontend import FrontendRow
+from mainspring.sim.frontend import TICK_NS, FrontendRow
 from mainspring.telemetry.recorder import Recorder
 from mainspring.time import NS_PER_MS, NS_PER_S
 from mainspring.worker.runtimes.emulated import EmulatedDevice
@@ -197,6 +198,25 @@ class Cell:
             defer=self.core.defer,
         )
         self._loop = run.loop
+        self._hook = run.answered
+        self.gate: ArrivalGate | None = None  # sheds at arrival while its core runs late (``watch``)
+        self._running: Callable[[], bool] = lambda: False
+
+    def watch(self, target_ns: int, running: Callable[[], bool]) -> None:
+        """Shed at arrival as a live cell's frontend channel does: a 5 ms timer on this core, and the arrival
+        gate (``frontend/shedding.py``) it feeds, asked as the core takes each request in."""
+        self.gate, self._running = ArrivalGate(target_ns), running
+        self._loop.call_at(self._loop.now_ns() + TICK_NS, self._timer_due, PRIORITY_WAKEUP)
+
+    def _timer_due(self) -> None:
+        self.core.post(partial(self._timer_woke, self._loop.now_ns()))
+
+    def _timer_woke(self, due_ns: int) -> None:
+        now = self._loop.now_ns()
+        assert self.gate is not None
+        self.gate.woke(now - due_ns)
+        if self._running():
+            self._loop.call_at(now + TICK_NS, self._timer_due, PRIORITY_WAKEUP)
 
     @property
     def outstanding(self) -> int:
@@ -210,8 +230,15 @@ class Cell:
         self.core.post(partial(self._take, request))
 
     def _take(self, request: Request) -> None:
-        if self._waiting.pop(request.id, None) is not None:  # else answered at shutdown
+        if self._waiting.pop(request.id, None) is None:
+            return  # answered at shutdown
+        if self.gate is None or self.gate.admit():
             self.controller.submit(request)
+            return
+        self.refused += 1
+        self.costed.refuse()
+        self.recorder.on_request(request, self._loop.now_ns())
+        self._answered(self._hook, request, Response(request.id, Outcome.OVERLOADED, self.gate.reason()), None)
 
     def shutdown(self, reason: str, answer: AnswerHook) -> None:
         """The run is over: what the core still holds is answered (the requests it never took in too)."""

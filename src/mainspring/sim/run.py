@@ -9,7 +9,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
+from mainspring.cells.cost import ProcessCost
 from mainspring.controller import Controller
+from mainspring.frontend.shedding import target_lag_ns
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response, ResponseStatus
 from mainspring.protocol.pages import DEFAULT_PAGE_BYTES, DEFAULT_POOL_BYTES
@@ -263,6 +265,9 @@ class _CellsRun(_Arrivals):
         self._closing = False
         self.frontends = make_frontends(cells.frontends, self.loop, cells.cost.frontend, config.slo_ns,
                                         lambda: not self.done(), self._route, self._shed)  # fmt: skip
+        if cells.cost.process != ProcessCost():  # a live process modelled: its cells shed at arrival, as live
+            for cell in self.cells:
+                cell.watch(target_lag_ns(config.slo_ns), lambda: not self.done())
         self.loop.call_at(self.routing.planner.next_replan_ns, self._replan, PRIORITY_WAKEUP)
         self.loop.call_at(0, self._signal, PRIORITY_WAKEUP)
 

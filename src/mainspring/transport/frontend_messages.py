@@ -112,15 +112,15 @@ _decoder = msgspec.msgpack.Decoder(FrontendMessage)
 
 
 def decode_frontend(
-    frames: Sequence[bytes | memoryview],
+    frames: Sequence[bytes | memoryview], copy: bool = True
 ) -> tuple[FrontendMessage, list[dict[str, np.ndarray[Any, Any]]] | None]:
-    """The message and the tensors it carries (``Submit`` inputs, ``Answers`` outputs);
-    ``CodecError`` for anything else."""
+    """The message and the tensors it carries (``Submit`` inputs, ``Answers`` outputs): writable copies, or
+    with ``copy`` False read-only views of the frames; ``CodecError`` for anything else."""
     try:
         message = _decoder.decode(frames[0])
         metas = (
             message.inputs if isinstance(message, Submit) else message.outputs if isinstance(message, Answers) else None
         )
-        return message, None if metas is None else samples_of(metas, frames)
+        return message, None if metas is None else samples_of(metas, frames, copy)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError) as error:
         raise CodecError(f"malformed frontend message: {error}") from None

@@ -105,9 +105,10 @@ def _decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[dict[st
 
 
 def samples_of(
-    metas: Sequence[Sequence[TensorMeta]], frames: Sequence[bytes | memoryview]
+    metas: Sequence[Sequence[TensorMeta]], frames: Sequence[bytes | memoryview], copy: bool = True
 ) -> list[dict[str, np.ndarray[Any, Any]]]:
-    """The tensors after a header frame, one dict per request as ``metas`` name them (writable copies)."""
+    """The tensors after a header frame, one dict per request as ``metas`` name them: writable copies, or
+    with ``copy`` False read-only views of the frames (for a process that only passes them on)."""
     expected = sum(len(request_metas) for request_metas in metas)
     if expected != len(frames) - 1:
         raise ValueError(f"message has {len(frames) - 1} tensor frames, its header names {expected}")
@@ -116,8 +117,8 @@ def samples_of(
     for request_metas in metas:
         sample = {}
         for meta in request_metas:
-            array = np.frombuffer(frames[index], dtype=numpy_dtype(meta.datatype)).reshape(meta.shape).copy()
-            sample[meta.name] = array
+            array = np.frombuffer(frames[index], dtype=numpy_dtype(meta.datatype)).reshape(meta.shape)
+            sample[meta.name] = array.copy() if copy else array
             index += 1
         samples.append(sample)
     return samples

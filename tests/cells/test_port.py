@@ -104,10 +104,6 @@ def test_a_frontend_follows_the_cells_file_and_reaches_a_tcp_cell_only_with_the_
 def test_a_cell_that_no_longer_knows_the_frontend_is_joined_again(tmp_path: Path) -> None:
     """The frontend's socket reconnected under a new identity (a dropped TCP link): the live cell
     refuses its calls as from a stranger; the frontend joins it again instead of failing for good."""
-    import asyncio
-
-    import zmq
-    import zmq.asyncio
 
     from tests.controller.test_service import tensor, with_service
     from tests.waiting import until
@@ -117,9 +113,7 @@ def test_a_cell_that_no_longer_knows_the_frontend_is_joined_again(tmp_path: Path
             values = np.arange(3, dtype=np.float32).reshape(1, 3)
             cell = cells.cells[0]
             await cell._stop_receiving()  # a new socket, never joined: what the cell sees after the drop
-            cell._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-            cell._socket.connect(cell.endpoint)
-            cell._receiver = asyncio.create_task(cell._receive())
+            cell._open()  # a socket, never joined
             with pytest.raises(InferenceError, match="restarted since the call was sent"):  # its only cell
                 await DataPlane(cells).infer("a", None, [tensor(values)], None, {})
             await until(lambda: cells.membership.phase(0) is Phase.LIVE and cell.joined, timeout_s=10)
@@ -132,10 +126,6 @@ def test_a_cell_that_no_longer_knows_the_frontend_is_joined_again(tmp_path: Path
 def test_a_model_operation_a_restarted_cell_refuses_is_asked_again_after_joining_it(tmp_path: Path) -> None:
     """A load reaches a cell that no longer knows the frontend (as after its controller restarted):
     the frontend joins it again and asks once more, instead of failing the load."""
-    import asyncio
-
-    import zmq
-    import zmq.asyncio
 
     from tests.controller.test_service import with_service
 
@@ -143,9 +133,7 @@ def test_a_model_operation_a_restarted_cell_refuses_is_asked_again_after_joining
         async with one_cell(service, tmp_path) as cells:
             cell = cells.cells[0]
             await cell._stop_receiving()  # a new socket, never joined
-            cell._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-            cell._socket.connect(cell.endpoint)
-            cell._receiver = asyncio.create_task(cell._receive())
+            cell._open()  # a socket, never joined
             await cells.load_model("a", timeout_s=10)
             assert cell.joined and cells.membership.phase(0) is Phase.LIVE
 

@@ -207,9 +207,7 @@ def test_a_frontend_can_have_a_model_warmed_before_its_requests_come(tmp_path: P
             with pytest.raises(ServiceError, match="unknown model 'nope'"):
                 await frontend.warm("nope")
             stranger = RemoteController(hub.endpoint, "stranger")
-            stranger._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)  # a socket, but no Join
-            stranger._socket.connect(hub.endpoint)
-            stranger._receiver = asyncio.create_task(stranger._receive())
+            stranger._open()  # a socket, but no Join
             with pytest.raises(ServiceError, match="restarted since the call was sent") as refused:
                 await stranger.infer("a", [{"input": np.ones((1, 3), np.float32)}], slo_ns=500_000_000)
             assert refused.value.kind == "unavailable" and refused.value.never_ran  # a frontend may try elsewhere

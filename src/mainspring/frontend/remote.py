@@ -25,6 +25,7 @@ from mainspring.protocol import Response
 from mainspring.protocol.tensors import Sample
 from mainspring.telemetry.metrics import ModelStats
 from mainspring.time import NS_PER_S
+from mainspring.transport.batched import Batched
 from mainspring.transport.frontend_messages import (
     RESTARTED,
     Answers,
@@ -66,9 +67,9 @@ class RemoteController:
         self.default_slo_ns = 0
         self.in_line = True  # a cell: serves what the other cells serve (``CellsPort``)
         self._socket: zmq.asyncio.Socket | None = None
+        self._batched: Batched | None = None  # the socket read and written without a future per message
         self._calls = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[tuple[Any, list[dict[str, Any]] | None]]] = {}
-        self._receiver: asyncio.Task[None] | None = None
         self._joined = asyncio.Event()
         self._dropped: Counter[tuple[str, str]] = Counter()
         self._dropped_due: asyncio.TimerHandle | None = None
@@ -80,6 +81,12 @@ class RemoteController:
         return self._joined.is_set()
 
     async def start(self, timeout_s: float = 30.0) -> None:
+        self._open()
+        self._send(encode(Join(self.name)))
+        await asyncio.wait_for(self._joined.wait(), timeout_s)
+
+    def _open(self) -> None:
+        """A fresh socket to the controller, read from now on (not joined yet: ``start`` says hello)."""
         socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         if tcp_secret(self.endpoint, self._secret):
@@ -88,9 +95,20 @@ class RemoteController:
             self._peer_watch = asyncio.create_task(self._watch_peer(socket, self._on_gone))
         socket.connect(self.endpoint)
         self._socket = socket
-        self._receiver = asyncio.create_task(self._receive())
-        await socket.send_multipart(encode(Join(self.name)))
-        await asyncio.wait_for(self._joined.wait(), timeout_s)
+        self._batched = Batched(socket, self._take)
+        self._batched.start()
+
+    def _send(self, frames: list[Any]) -> None:
+        """Queue a message for the controller now; ``ServiceError`` when it cannot take more (a thousand
+        messages it has not read: it is stuck or gone) or this frontend has no socket to it."""
+        if self._batched is None:
+            raise ServiceError("unavailable", "the controller is gone; this frontend joins it again when it is back",
+                               never_ran=True)  # fmt: skip
+        try:
+            self._batched.send(frames)
+        except zmq.Again:
+            raise ServiceError("overloaded", "the controller has not read the calls sent to it; try later",
+                               never_ran=True) from None  # fmt: skip
 
     def fail_waiting(self, reason: str) -> int:
         """The controller is gone: every call waiting on it fails now with ``unavailable`` (it will not be
@@ -124,13 +142,14 @@ class RemoteController:
             monitor.close(0)
 
     async def _stop_receiving(self) -> None:
-        receiver, socket, watch = self._receiver, self._socket, self._peer_watch
-        self._receiver = self._socket = self._peer_watch = None
-        for task in (watch, receiver):  # the watch first: closing the socket here is no peer's exit
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        batched, socket, watch = self._batched, self._socket, self._peer_watch
+        self._batched = self._socket = self._peer_watch = None
+        if watch is not None:  # first: closing the socket here is no peer's exit
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+        if batched is not None:
+            batched.stop()
         if socket is not None:
             socket.close(0)
 
@@ -145,22 +164,20 @@ class RemoteController:
             if not future.done():
                 future.set_exception(ServiceError("unavailable", "the frontend is shutting down"))
 
-    async def _receive(self) -> None:
-        assert self._socket is not None
-        while True:
-            frames = await self._socket.recv_multipart(copy=False)
-            try:
-                message, samples = decode_frontend([frame.buffer for frame in frames])
-            except CodecError as error:
-                log.warning("dropped a message from the controller: %s", error)
-                continue
-            if isinstance(message, State):
-                self._apply(message)
-                await self._socket.send_multipart(encode(Applied(message.seq)))
-            elif isinstance(message, Answers | Refused | Reply):
-                future = self._waiting.pop(message.call, None)
-                if future is not None and not future.done():
-                    future.set_result((message, samples))
+    def _take(self, frames: list[zmq.Frame]) -> None:
+        try:
+            message, samples = decode_frontend([frame.buffer for frame in frames])
+        except CodecError as error:
+            log.warning("dropped a message from the controller: %s", error)
+            return
+        if isinstance(message, State):
+            self._apply(message)
+            with contextlib.suppress(ServiceError):  # gone meanwhile: the next controller sends its state again
+                self._send(encode(Applied(message.seq)))
+        elif isinstance(message, Answers | Refused | Reply):
+            future = self._waiting.pop(message.call, None)
+            if future is not None and not future.done():
+                future.set_result((message, samples))
 
     def _apply(self, state: State) -> None:
         self.models = {
@@ -180,12 +197,9 @@ class RemoteController:
     ) -> tuple[Any, list[dict[str, Any]] | None]:
         """Send ``message`` and wait for its answer, at most ``timeout_s``: a controller that is gone or
         stuck must not hold a client's call without a bound."""
-        if self._socket is None:
-            raise ServiceError("unavailable", "the controller is gone; this frontend joins it again when it is back",
-                               never_ran=True)  # fmt: skip
+        self._send(encode(message, samples))
         future: asyncio.Future[tuple[Any, list[dict[str, Any]] | None]] = asyncio.get_running_loop().create_future()
         self._waiting[call] = future
-        await self._socket.send_multipart(encode(message, samples), copy=False)
         try:
             reply, tensors = await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
@@ -268,8 +282,8 @@ class RemoteController:
 
     async def _tell(self, message: msgspec.Struct) -> None:
         """Send ``message``, which has no answer."""
-        if self._socket is not None:
-            await self._socket.send_multipart(encode(message))
+        with contextlib.suppress(ServiceError):  # gone: what it would have said is lost with it
+            self._send(encode(message))
 
     async def timeline_view(self, seconds: float) -> dict[str, Any]:
         value = await self._ask("timeline", seconds=seconds)

@@ -7,8 +7,11 @@ priority then by insertion order, so a seeded run is exactly reproducible.
 from __future__ import annotations
 
 import heapq
+import random
 from collections.abc import Callable
+from functools import partial
 
+from mainspring.protocol import Action
 from mainspring.time import ManualClock
 
 # Lower runs first among events at the same instant: results reach the controller
@@ -65,3 +68,24 @@ class EventLoop:
                 return
         if until_ns is not None and until_ns > clock.now_ns():
             clock.set(until_ns)
+
+
+class DelayedLink:
+    """Hands each action to ``submit`` ``latency_ns`` later on the loop (a network between controller and
+    device; at once without one)."""
+
+    def __init__(self, submit: Callable[[Action], None], loop: EventLoop, latency_ns: int) -> None:
+        self._submit = submit
+        self._loop = loop
+        self._latency_ns = latency_ns
+
+    def submit(self, action: Action) -> None:
+        if self._latency_ns:
+            self._loop.call_at(self._loop.now_ns() + self._latency_ns, partial(self._submit, action))
+        else:
+            self._submit(action)
+
+
+def seed_for(seed: int, purpose: str) -> int:
+    """A run's seed for one of its random streams (the workload, a device's noise, a policy): each its own."""
+    return random.Random(f"{seed}:{purpose}").getrandbits(63)

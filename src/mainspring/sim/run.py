@@ -28,7 +28,7 @@ from mainspring.sim.cells import (
     split_devices,
 )
 from mainspring.sim.collector import fewer_collections
-from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
+from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, DelayedLink, EventLoop, seed_for
 from mainspring.sim.frontend import make_frontends
 from mainspring.telemetry.recorder import Recorder, RequestRow
 from mainspring.telemetry.report import RunReport, build_report
@@ -194,11 +194,11 @@ class _Run(_Arrivals):
         specs = config.device_specs()
         self.devices = [
             EmulatedDevice(
-                spec, by_name, self.loop, self._result_sink, config.noise, _seed(config.seed, f"dev{spec.device}")
+                spec, by_name, self.loop, self._result_sink, config.noise, seed_for(config.seed, f"dev{spec.device}")
             )
             for spec in specs
         ]
-        rng = random.Random(_seed(config.seed, "scheduler"))
+        rng = random.Random(seed_for(config.seed, "scheduler"))
         # The margin the requests' ``ready_by_ns`` take off, for clockwork's tight-class guard to plan by.
         margin_ns = config.network_latency_ns
         scheduler: Scheduler = make_scheduler(policy, by_name, specs, rng, margin_ns, settings, "--clockwork")
@@ -226,8 +226,8 @@ class _Run(_Arrivals):
     def outstanding(self) -> int:
         return self.controller.outstanding
 
-    def _link(self, device: EmulatedDevice) -> _DeviceLink:
-        return _DeviceLink(device, self.loop, self.config.network_latency_ns)
+    def _link(self, device: EmulatedDevice) -> DelayedLink:
+        return DelayedLink(device.submit, self.loop, self.config.network_latency_ns)
 
     def _result_sink(self, result: ActionResult) -> None:
         delay = self.config.network_latency_ns
@@ -254,7 +254,7 @@ class _CellsRun(_Arrivals):
         self._profiles = by_name = {p.model: p for p in profiles}
         wiring = CellWiring(self.loop, cells.cost, wrap, self._answered)
         self.cells = make_cells(
-            policy, by_name, split_devices(config.device_specs(), cells.cells), partial(_seed, config.seed),
+            policy, by_name, split_devices(config.device_specs(), cells.cells), partial(seed_for, config.seed),
             self._devices, self._links, wiring, config.network_latency_ns, settings,
         )  # fmt: skip
         self.devices = [d for cell in self.cells for d in cell.devices]
@@ -275,12 +275,12 @@ class _CellsRun(_Arrivals):
         config = self.config
         return [
             EmulatedDevice(spec, self._profiles, self.loop, partial(self._result, sink), config.noise,
-                           _seed(config.seed, f"dev{spec.device}"))
+                           seed_for(config.seed, f"dev{spec.device}"))
             for spec in specs
         ]  # fmt: skip
 
     def _links(self, devices: list[EmulatedDevice]) -> dict[int, Callable[[Action], None]]:
-        return {d.spec.device: _DeviceLink(d, self.loop, self.config.network_latency_ns).submit for d in devices}
+        return {d.spec.device: DelayedLink(d.submit, self.loop, self.config.network_latency_ns).submit for d in devices}
 
     def _result(self, sink: Callable[[ActionResult], None], result: ActionResult) -> None:
         self.loop.call_at(self.loop.now_ns() + self.config.network_latency_ns, partial(sink, result), PRIORITY_RESULT)
@@ -376,28 +376,11 @@ class _CellsRun(_Arrivals):
         )  # fmt: skip
 
 
-class _DeviceLink:
-    def __init__(self, device: EmulatedDevice, loop: EventLoop, latency_ns: int) -> None:
-        self._device = device
-        self._loop = loop
-        self._latency_ns = latency_ns
-
-    def submit(self, action: Action) -> None:
-        if self._latency_ns:
-            self._loop.call_at(self._loop.now_ns() + self._latency_ns, partial(self._device.submit, action))
-        else:
-            self._device.submit(action)
-
-
-def _seed(seed: int, purpose: str) -> int:
-    return random.Random(f"{seed}:{purpose}").getrandbits(63)
-
-
 def generate_arrivals(workload: Workload, profiles: Sequence[ModelProfile], config: SimulationConfig) -> list[Arrival]:
     """The arrival sequence for a seed: generate once, replay for every policy. More than
     ``MAX_ARRIVALS`` is a ``ValueError`` (a rate or scale mistyped by orders of magnitude would
     otherwise fill the memory before the first simulated second)."""
-    rng = random.Random(_seed(config.seed, "workload"))
+    rng = random.Random(seed_for(config.seed, "workload"))
     arrivals = list(itertools.islice(workload.arrivals(profiles, config.arrival_window_ns, rng), MAX_ARRIVALS + 1))
     if len(arrivals) > MAX_ARRIVALS:
         seconds = config.arrival_window_ns / NS_PER_S

@@ -20,6 +20,7 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
 
+from mainspring.cells.cost import CLOCKWORK_COST
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.sim.cells import CellsConfig
 from mainspring.sim.run import SimulationConfig, generate_arrivals, simulate
@@ -38,7 +39,7 @@ def run_window(task: tuple[int, int, float, float, tuple[int, ...]]) -> dict[str
     workload = AzureTrace(scale=scale, start_minute=minute - 1)
     arrivals = generate_arrivals(workload, models, config)
     row: dict[str, Any] = {"minute": minute, "seed": seed, "scale": scale}
-    for name, cells in [("free", None), *((f"{n} cell(s)", CellsConfig(n)) for n in layouts)]:
+    for name, cells in [("free", None), *((f"{n} cell(s)", CellsConfig(n, CLOCKWORK_COST)) for n in layouts)]:
         report = simulate("clockwork", models, workload, config, arrivals, cells=cells).report
         row["requests"] = report.requests
         row[name] = report.requests - round(report.slo_attainment * report.requests)

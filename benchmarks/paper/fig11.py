@@ -21,6 +21,7 @@ import math
 
 from common import markdown_table, parser, policies_from, pyplot, run_policy, save_plot, write_section
 
+from mainspring.cells.cost import CLOCKWORK_COST
 from mainspring.cells.placement import CELL_DEVICES
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.sim.cells import CellsConfig
@@ -52,7 +53,9 @@ def on_the_clock(devices: list[int], duration: float, max_factor: float) -> list
         config = SimulationConfig(duration_ns=s_to_ns(duration), devices=n, seed=1)
         arrivals = generate_arrivals(workload, models, config)
         for cells in sorted({1, math.ceil(n / CELL_DEVICES)}):
-            r = simulate("clockwork", models, workload, config, arrivals, cells=CellsConfig(cells))
+            r = simulate(
+                "clockwork", models, workload, config, arrivals, cells=CellsConfig(cells, CLOCKWORK_COST)
+            )  # the policy alone, as measured
             assert r.cells is not None
             busiest = max(c.busy for c in r.cells.cells)
             rows.append([n, cells, f"{r.report.offered_rps:.0f}", f"{peak_goodput(r):.0f}", f"{busiest:.0%}",

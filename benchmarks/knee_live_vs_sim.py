@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from mainspring.models.profile import builtin_profiles, model_copies
@@ -29,24 +31,40 @@ from mainspring.time import ms_to_ns, s_to_ns
 from mainspring.workload import PoissonOpenLoop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from live_rig import LiveServer, offer
+from live_rig import LiveServer, cpu_s, offer
 
 Row = tuple[float, float, float]  # offered r/s, goodput r/s, attainment
+PROCESSES = ("frontend", "controllers", "workers", "load generator")
 
 
-def live(cells: int, args: argparse.Namespace, folder: Path) -> list[Row]:
+def cpu_by_process(server: LiveServer) -> dict[str, float]:
+    """CPU seconds so far of each kind of process on this machine: the serve process (the frontend), the cell
+    processes, the emulated workers and this process (the load generator)."""
+    own = os.times()
+    workers = sum(cpu_s(w.pid) for w in server.workers)
+    return {"frontend": cpu_s(server.server.pid), "controllers": server.controllers_cpu_s(), "workers": workers,
+            "load generator": own.user + own.system}  # fmt: skip
+
+
+def live(cells: int, args: argparse.Namespace, folder: Path) -> tuple[list[Row], list[dict[str, float]]]:
+    """Goodput per rate, and each kind of process's CPU cores busy at that rate."""
     server = LiveServer(folder, frontends=1, cells=cells, devices=args.devices, models=args.models,
                         slo_ms=args.slo_ms, tag=f"-cells-{cells}")  # fmt: skip
-    rows = []
+    rows, busy = [], []
     try:
         asyncio.run(offer(server.http, 100.0, 3.0, 0, args.slo_ms))  # warm-up: the models' first loads
         for rate in args.rates:
+            before, started = cpu_by_process(server), time.monotonic()
             report, _ = asyncio.run(offer(server.http, rate, args.seconds, 1, args.slo_ms))
+            after, elapsed = cpu_by_process(server), time.monotonic() - started
             rows.append((rate, float(report["goodput_rps"]), float(report["slo_attainment"])))  # type: ignore[arg-type]
-            print(f"live, {cells} cell(s): {rate:.0f} r/s -> {rows[-1][1]:.0f} r/s ({rows[-1][2]:.2%})", flush=True)
+            busy.append({kind: (after[kind] - before[kind]) / elapsed for kind in PROCESSES})
+            cores = " ".join(f"{kind} {busy[-1][kind]:.2f}" for kind in PROCESSES)
+            print(f"live, {cells} cell(s): {rate:.0f} r/s -> {rows[-1][1]:.0f} r/s ({rows[-1][2]:.2%}); cores busy: "
+                  f"{cores}", flush=True)  # fmt: skip
     finally:
         server.stop()
-    return rows
+    return rows, busy
 
 
 def simulated(cells: int, args: argparse.Namespace) -> list[Row]:
@@ -77,14 +95,18 @@ def main() -> None:
     parser.add_argument("--slo-ms", type=float, default=100.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        measured = {cells: live(cells, args, Path(folder)) for cells in args.cells}
+        runs = {cells: live(cells, args, Path(folder)) for cells in args.cells}
+    measured = {cells: rows for cells, (rows, _) in runs.items()}
     predicted = {cells: simulated(cells, args) for cells in args.cells}
     print(f"\n{args.devices} emulated V100s, {args.models} models, SLO {args.slo_ms:g} ms, {args.seconds:g} s a rate")
-    print("| cells | offered r/s | live goodput r/s | live attainment | simulated goodput r/s | simulated attainment |")
-    print("|---|---|---|---|---|---|")
+    print("| cells | offered r/s | live goodput r/s | live attainment | cores busy: " + ", ".join(PROCESSES)
+          + " | simulated goodput r/s | simulated attainment |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for cells in args.cells:
-        for (rate, good, share), (_, sim_good, sim_share) in zip(measured[cells], predicted[cells], strict=True):
-            print(f"| {cells} | {rate:.0f} | {good:.0f} | {share:.2%} | {sim_good:.0f} | {sim_share:.2%} |")
+        rows = zip(measured[cells], runs[cells][1], predicted[cells], strict=True)
+        for (rate, good, share), busy, (_, sim_good, sim_share) in rows:
+            cores = " + ".join(f"{busy[kind]:.2f}" for kind in PROCESSES) + f" = {sum(busy.values()):.2f}"
+            print(f"| {cells} | {rate:.0f} | {good:.0f} | {share:.2%} | {cores} | {sim_good:.0f} | {sim_share:.2%} |")
     print("\n| cells | live knee r/s (goodput) | simulated knee r/s (goodput) | simulated / live |")
     print("|---|---|---|---|")
     for cells in args.cells:

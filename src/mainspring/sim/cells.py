@@ -32,6 +32,7 @@ from mainspring.scheduler.timed import TimedScheduler
 from mainspring.sim.core import ControllerCore
 from mainspring.sim.engine import PRIORITY_WAKEUP, EventLoop
 from mainspring.sim.frontend import TICK_NS, FrontendRow
+from mainspring.sim.machine import Machine, MachineShare
 from mainspring.telemetry.recorder import Recorder
 from mainspring.time import NS_PER_MS, NS_PER_S
 from mainspring.worker.runtimes.emulated import EmulatedDevice
@@ -55,6 +56,8 @@ class CellsConfig:
     # (``max_loop_lag_ms``, half the SLO by default); None: the simulation's SLO halved.
     max_lag_ns: int | None = None
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    # The cores the frontends and the cells' controllers share (``sim/machine.py``); None: a core each.
+    machine: MachineShare | None = None
 
     def __post_init__(self) -> None:
         if self.cells < 1:
@@ -180,7 +183,7 @@ class Cell:
         self.timed = TimedScheduler(scheduler)
         wrapped = self.timed if run.wrap is None else run.wrap(self.timed)
         self.costed = CostedScheduler(wrapped, run.cost, len(specs))
-        self.core = ControllerCore(run.loop, self.costed)
+        self.core = ControllerCore(run.loop, self.costed, run.machine)
         self.devices = devices
         self.recorder = Recorder()
         self.requests = 0
@@ -293,6 +296,7 @@ class CellWiring:
     cost: ControllerCost
     wrap: Callable[[Scheduler], Scheduler] | None
     answered: AnswerHook
+    machine: Machine
 
 
 def make_cells(

@@ -12,17 +12,20 @@ run is the same as without a core.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from mainspring.cells.cost import CostedScheduler
 from mainspring.sim.engine import PRIORITY_RESULT, EventLoop
+from mainspring.sim.machine import Machine
 
 Event = Callable[[], None]
 
 
 class ControllerCore:
-    def __init__(self, loop: EventLoop, costed: CostedScheduler) -> None:
+    def __init__(self, loop: EventLoop, costed: CostedScheduler, machine: Machine | None = None) -> None:
         self._loop = loop
         self._costed = costed
+        self._machine = machine or Machine()  # the cores it shares with the other processes (``sim/machine.py``)
         self._inbox: list[tuple[int, Event]] = []  # (posted at, event)
         self._passes: list[Event] = []
         self._outbox: list[Event] = []
@@ -78,11 +81,16 @@ class ControllerCore:
         self._after(self._costed.take(), self._release)
 
     def _after(self, busy_ns: int, then: Event) -> None:
-        self.busy_ns += busy_ns
         if busy_ns == 0:
             then()
-        else:
-            self._loop.call_at(self._loop.now_ns() + busy_ns, then, PRIORITY_RESULT)
+            return
+        busy_ns = self._machine.start(busy_ns)
+        self.busy_ns += busy_ns
+        self._loop.call_at(self._loop.now_ns() + busy_ns, partial(self._done, then), PRIORITY_RESULT)
+
+    def _done(self, then: Event) -> None:
+        self._machine.end()
+        then()
 
     def _release(self) -> None:
         outputs, self._outbox = self._outbox, []

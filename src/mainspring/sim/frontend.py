@@ -24,6 +24,7 @@ from mainspring.cells.cost import FrontendCost
 from mainspring.frontend.shedding import TICK_S, ArrivalGate, target_lag_ns
 from mainspring.protocol import Outcome, Request, Response
 from mainspring.sim.engine import PRIORITY_RESULT, PRIORITY_WAKEUP, EventLoop
+from mainspring.sim.machine import Machine
 from mainspring.telemetry.recorder import Recorder
 from mainspring.time import NS_PER_MS, NS_PER_S
 
@@ -45,8 +46,9 @@ class FrontendCore:
     which decides on a call when the core reaches it (as live: the call is refused once its headers are read)."""
 
     def __init__(self, index: int, loop: EventLoop, cost: FrontendCost, gate: ArrivalGate,
-                 running: Callable[[], bool]) -> None:  # fmt: skip
+                 running: Callable[[], bool], machine: Machine | None = None) -> None:  # fmt: skip
         self.index = index
+        self._machine = machine or Machine()  # the cores it shares with the other processes
         self.gate = gate
         self.calls = 0
         self.shed = 0
@@ -110,11 +112,13 @@ class FrontendCore:
         if not work:
             then()
             return
+        work = self._machine.start(work)
         self.busy_ns += work
         self._working = then
         self._loop.call_at(self._loop.now_ns() + work, partial(self._done, then), PRIORITY_RESULT)
 
     def _done(self, then: Event) -> None:
+        self._machine.end()
         if self._working is then:  # else flushed
             self._working = None
             then()
@@ -137,10 +141,12 @@ class Frontends:
     Calls they shed are recorded here; calls they take reach the cells through ``route``."""
 
     def __init__(self, count: int, loop: EventLoop, cost: FrontendCost, slo_ns: int, running: Callable[[], bool],
-                 route: Callable[[Request], None], answered: Callable[[Request, Response], None]) -> None:  # fmt: skip
+                 route: Callable[[Request], None], answered: Callable[[Request, Response], None],
+                 machine: Machine | None = None) -> None:  # fmt: skip
         if count < 1:
             raise ValueError(f"frontends must be at least 1, got {count}")
-        self.cores = [FrontendCore(i, loop, cost, ArrivalGate(target_lag_ns(slo_ns)), running) for i in range(count)]
+        self.cores = [FrontendCore(i, loop, cost, ArrivalGate(target_lag_ns(slo_ns)), running, machine)
+                      for i in range(count)]  # fmt: skip
         self.recorder = Recorder()  # the calls shed at arrival
         self._loop = loop
         self._route = route
@@ -200,9 +206,9 @@ class Passthrough:
 
 
 def make_frontends(count: int, loop: EventLoop, cost: FrontendCost, slo_ns: int, running: Callable[[], bool],
-                   route: Callable[[Request], None], answered: Callable[[Request, Response], None]
-                   ) -> Frontends | Passthrough:  # fmt: skip
+                   route: Callable[[Request], None], answered: Callable[[Request, Response], None],
+                   machine: Machine | None = None) -> Frontends | Passthrough:  # fmt: skip
     """``count`` frontend cores in front of ``route``, or none where they cost nothing (or ``count`` is 0)."""
     if not count or cost.free:
         return Passthrough(route)
-    return Frontends(count, loop, cost, slo_ns, running, route, answered)
+    return Frontends(count, loop, cost, slo_ns, running, route, answered, machine)

@@ -30,6 +30,7 @@ from mainspring.sim.cells import (
 from mainspring.sim.collector import fewer_collections
 from mainspring.sim.engine import PRIORITY_ARRIVAL, PRIORITY_RESULT, PRIORITY_WAKEUP, DelayedLink, EventLoop, seed_for
 from mainspring.sim.frontend import make_frontends
+from mainspring.sim.machine import Machine
 from mainspring.telemetry.recorder import Recorder, RequestRow
 from mainspring.telemetry.report import RunReport, build_report
 from mainspring.time import NS_PER_MS, NS_PER_S
@@ -252,7 +253,7 @@ class _CellsRun(_Arrivals):
     ) -> None:
         super().__init__(config, workload)
         self._profiles = by_name = {p.model: p for p in profiles}
-        wiring = CellWiring(self.loop, cells.cost, wrap, self._answered)
+        wiring = CellWiring(self.loop, cells.cost, wrap, self._answered, Machine(cells.machine))
         self.cells = make_cells(
             policy, by_name, split_devices(config.device_specs(), cells.cells), partial(seed_for, config.seed),
             self._devices, self._links, wiring, config.network_latency_ns, settings,
@@ -264,10 +265,9 @@ class _CellsRun(_Arrivals):
         self._retried: set[int] = set()
         self._closing = False
         self.frontends = make_frontends(cells.frontends, self.loop, cells.cost.frontend, config.slo_ns,
-                                        lambda: not self.done(), self._route, self._shed)  # fmt: skip
-        if cells.cost.process != ProcessCost():  # a live process modelled: its cells shed at arrival, as live
-            for cell in self.cells:
-                cell.watch(target_lag_ns(config.slo_ns), lambda: not self.done())
+                                        lambda: not self.done(), self._route, self._shed, wiring.machine)  # fmt: skip
+        for cell in self.cells if cells.cost.process != ProcessCost() else ():  # a live process: sheds as live
+            cell.watch(target_lag_ns(config.slo_ns), lambda: not self.done())
         self.loop.call_at(self.routing.planner.next_replan_ns, self._replan, PRIORITY_WAKEUP)
         self.loop.call_at(0, self._signal, PRIORITY_WAKEUP)
 

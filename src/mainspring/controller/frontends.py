@@ -215,7 +215,7 @@ class FrontendHub:
             self._send(identity, Refused(submit.call, "overloaded", self.gate.reason()))
             return
         try:  # the call's time in the frontend counts against its deadline
-            self.service.submit(submit.model, samples, submit.slo_ns, submit.waited_ns, answer)
+            self.service.submit(submit.model, samples, submit.slo_ns, submit.waited_ns, answer, submit.traceparent)
         except ServiceError as error:
             self._send(identity, Refused(submit.call, error.kind, str(error)))
 

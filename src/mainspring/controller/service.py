@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from mainspring.controller.controller import Controller, ControllerObserver, Observers
 from mainspring.controller.lifecycle import ModelLifecycle
@@ -28,13 +28,16 @@ from mainspring.frontend.shedding import SHED
 from mainspring.protocol import Outcome, Request, Response
 from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.protocol.tensors import Sample, TensorSpec
-from mainspring.scheduler.base import Membership, Warms
+from mainspring.scheduler.base import Forecasts, Membership, Warms
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
 from mainspring.telemetry.metrics import ModelStats, ServingMetrics
 from mainspring.telemetry.recorder import LogWriter
 from mainspring.telemetry.timeline import Timeline
 from mainspring.time import NO_LEDGER, NS_PER_S, Clock, CpuLedger, LoopTimer, Timer
 from mainspring.transport.links import WorkerHandle
+
+if TYPE_CHECKING:  # imported only where tracing is on (the ``otel`` extra)
+    from mainspring.telemetry.tracing import RequestTraces, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class ControllerService:
         policy_settings: Mapping[str, object] | None = None,
         timer: Timer | None = None,
         ledger: CpuLedger = NO_LEDGER,
+        tracing: Tracing | None = None,
     ) -> None:
         self.timer = timer or LoopTimer()  # the wake-ups the policy asks for, on the clock it is told
         self.clock: Clock = self.timer
@@ -75,7 +79,13 @@ class ControllerService:
         # The simulator's request and action logs, for ``mainspring analyze``.
         self.logs = LogWriter(log_dir, f"live-{time.strftime('%Y%m%d-%H%M%S')}") if log_dir is not None else None
         self.timeline = Timeline()  # the live page's last seconds of every lane
-        observers = (self.metrics, self.timeline) if self.logs is None else (self.metrics, self.timeline, self.logs)
+        observers: tuple[ControllerObserver, ...] = (self.metrics, self.timeline)
+        observers += () if self.logs is None else (self.logs,)
+        # Spans for the requests whose calls carry a sampled traceparent (``infer``'s ``traceparent``).
+        self.traces: RequestTraces | None = None
+        if tracing is not None:
+            self.traces = tracing.observer(self.clock, _predictor(scheduler))
+            observers += (self.traces,)
         observer: ControllerObserver = Observers(*observers)
         self.connected = WorkerSet()
         self._output_specs: dict[str, tuple[TensorSpec, ...]] = {}  # by model key: what results are checked by
@@ -148,28 +158,43 @@ class ControllerService:
         return sorted(self.connected.links)
 
     # --- clients ------------------------------------------------------------------------------
-    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0) -> list[Answer]:
+    async def infer(
+        self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0, traceparent: str = ""
+    ) -> list[Answer]:
         """Submit one request per sample (all with the same deadline, ``slo_ns`` from when the call's first byte
-        was read: ``waited_ns`` ago) and wait for every answer."""
+        was read: ``waited_ns`` ago) and wait for every answer. ``traceparent``: the frontend's span of a
+        sampled call, under which its requests are traced (when tracing is on here)."""
         answered: asyncio.Future[list[Answer]] = self.loop.create_future()
 
         def done(answers: list[Answer]) -> None:
             if not answered.done():  # not when its caller was cancelled
                 answered.set_result(answers)
 
-        self.submit(model, samples, slo_ns, waited_ns, done)
+        self.submit(model, samples, slo_ns, waited_ns, done, traceparent)
         return await answered
 
     def submit(
-        self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int, done: Callable[[list[Answer]], None]
+        self,
+        model: str,
+        samples: Sequence[Sample],
+        slo_ns: int,
+        waited_ns: int,
+        done: Callable[[list[Answer]], None],
+        traceparent: str = "",
     ) -> None:
         """``infer`` without a coroutine: ``done`` gets every answer, in sample order, when the last is made
         (called on the answer's own path, once). ``ServiceError`` for a call refused as a whole."""
         with self._admission_part:
-            self._admit(model, samples, slo_ns, waited_ns, done)
+            self._admit(model, samples, slo_ns, waited_ns, done, traceparent)
 
     def _admit(
-        self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int, done: Callable[[list[Answer]], None]
+        self,
+        model: str,
+        samples: Sequence[Sample],
+        slo_ns: int,
+        waited_ns: int,
+        done: Callable[[list[Answer]], None],
+        traceparent: str,
     ) -> None:
         if not self.accepting:
             raise ServiceError("unavailable", "the server is shutting down")
@@ -192,6 +217,8 @@ class ControllerService:
             self._calls[request.id] = (call, index)
             self._open[served.key] += 1
             self.load_limits.admit(request.id, size)
+            if traceparent and self.traces is not None:
+                self.traces.follow(request.id, traceparent)
             self.controller.submit(request)
 
     def _answer(self, request: Request, response: Response, output: object) -> None:
@@ -293,6 +320,15 @@ class ControllerService:
         if self.logs is not None:
             self.logs.close()
         return left
+
+
+def _predictor(scheduler: object) -> Callable[[str, int], int | None] | None:
+    """When a request of a model arriving now could finish at the earliest, as the policy forecasts it (a
+    batch of one on a device holding it, after the work booked there); None for a policy without forecasts."""
+    if not isinstance(scheduler, Forecasts):
+        return None
+    forecasts = scheduler
+    return lambda model, now_ns: forecasts.forecast((model,), now_ns).finish_ns.get(model)
 
 
 class _Call:

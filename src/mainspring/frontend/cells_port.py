@@ -179,12 +179,15 @@ class CellsPort:
         cells = self.planner.placement.get(model) or self.membership.reachable()
         return any(await asyncio.gather(*(self._warm(index, model) for index in cells)))
 
-    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0) -> list[Answer]:
+    async def infer(
+        self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0, traceparent: str = ""
+    ) -> list[Answer]:
         now = self._clock.now_ns()
         chosen = self._route(model, len(samples), now)
         deadline = now - waited_ns + slo_ns
         try:
-            return await self.cells[chosen].infer(model, samples, slo_ns, waited_ns + self._clock.now_ns() - now)
+            waited_ns_there = waited_ns + self._clock.now_ns() - now
+            return await self.cells[chosen].infer(model, samples, slo_ns, waited_ns_there, traceparent)
         except ServiceError as error:
             if not error.never_ran:
                 raise
@@ -197,7 +200,8 @@ class CellsPort:
                 other = self._route(model, len(samples), self._clock.now_ns(), chosen, deadline)
             except ServiceError:
                 raise error from None
-            return await self.cells[other].infer(model, samples, slo_ns, waited_ns + self._clock.now_ns() - now)
+            waited_ns_there = waited_ns + self._clock.now_ns() - now
+            return await self.cells[other].infer(model, samples, slo_ns, waited_ns_there, traceparent)
 
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:
         await self._everywhere(lambda cell: cell.load_model(model, timeout_s), "load", model)

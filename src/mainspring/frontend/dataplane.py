@@ -7,12 +7,13 @@ type with an HTTP status (``InferenceError``); each transport maps that status o
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -32,6 +33,9 @@ from mainspring.protocol import Outcome
 from mainspring.protocol.requests import resolve_slo_ns, slo_problem
 from mainspring.protocol.tensors import DATATYPES, shape_matches
 from mainspring.time import NS_PER_MS, NS_PER_US
+
+if TYPE_CHECKING:  # imported only where tracing is on (the ``otel`` extra)
+    from mainspring.telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +86,10 @@ class DataPlane:
         access: Access | None = None,
         shared_memory: SharedMemoryRegions | None = None,
         shed: bool = True,
+        tracing: Tracing | None = None,
     ) -> None:
         self.service = service
+        self.tracing = tracing  # a span per call, under the caller's traceparent; None: off
         self.repo = repo
         self.name = name
         self.limits = limits or RequestLimits()
@@ -259,11 +265,12 @@ class DataPlane:
         requested: Mapping[str, int] | None,
         parameters: Mapping[str, Any],
         arrival_ns: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[ServedModel, list[Tensor]]:
         """Run ``inputs`` on model ``name``; ``requested``: the outputs to return, each with the number of
         classes to return instead of its values (0: the values; ``classification``), or None for all.
         ``arrival_ns`` (``time.monotonic_ns``): when the call's first byte was read; the time since counts
-        against its deadline."""
+        against its deadline. ``headers``: where the call's ``traceparent`` is, when tracing is on."""
         try:
             served = self.model(name, version)
         except InferenceError:
@@ -281,7 +288,11 @@ class DataPlane:
         samples = [{name: array[i : i + 1] for name, array in by_name.items()} for i in range(batch)]
         try:
             waited = 0 if arrival_ns is None else max(0, time.monotonic_ns() - arrival_ns)
-            answers = await self.service.infer(name, samples, slo_ns, waited)
+            if self.tracing is None:
+                answers = await self.service.infer(name, samples, slo_ns, waited)
+            else:
+                call = functools.partial(self.service.infer, name, samples, slo_ns, waited)
+                answers = await self.tracing.traced_call(call, name, len(samples), waited, headers or {})
         except ServiceError as error:
             outcome = Outcome.OVERLOADED if error.kind == "overloaded" else None
             if outcome is not None:

@@ -195,7 +195,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
         async def work() -> Any:
             self.plane.admit_call("grpc")
-            return await self._infer(request, arrival)
+            return await self._infer(request, arrival, context)
 
         return await _guard(context, work)
 
@@ -210,7 +210,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         async def answer(request: Any, arrival_ns: int) -> None:
             try:
                 self.plane.admit_call("grpc")
-                reply = await self._infer(request, arrival_ns)
+                reply = await self._infer(request, arrival_ns, context)
                 await answers.put(pb.ModelStreamInferResponse(infer_response=reply))
                 return
             except InferenceError as error:
@@ -246,8 +246,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             for task in list(tasks):
                 task.cancel()
 
-    async def _infer(self, request: Any, arrival_ns: int | None = None) -> Any:
-        """One ``ModelInferRequest`` through the data plane; ``InferenceError`` for a refusal."""
+    async def _infer(self, request: Any, arrival_ns: int | None = None, context: Any = None) -> Any:
+        """One ``ModelInferRequest`` through the data plane; ``InferenceError`` for a refusal. ``context``: the
+        call's, whose metadata may carry a ``traceparent`` (read only when tracing is on)."""
         limits = self.plane.limits
         size = request.ByteSize()
         if size > limits.max_body_bytes:  # read (up to gRPC's own limit) so that a stream goes on past it
@@ -266,8 +267,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             if (where := placement(output_parameters, f"output {output.name[:64]!r}")) is not None:
                 regions.check(where, f"output {output.name[:64]!r}")  # refused before the model runs
                 placed[output.name] = where
+        headers = None
+        if self.plane.tracing is not None and context is not None:
+            headers = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
         served, outputs = await self.plane.infer(
-            request.model_name, request.model_version or None, inputs, requested or None, parameters, arrival_ns
+            request.model_name,
+            request.model_version or None,
+            inputs,
+            requested or None,
+            parameters,
+            arrival_ns,
+            headers,
         )
         reply = pb.ModelInferResponse(model_name=request.model_name, model_version=str(served.version), id=request.id)
         for tensor in outputs:

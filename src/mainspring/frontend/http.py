@@ -226,7 +226,10 @@ async def infer(request: web.Request) -> web.Response:
     model = request.match_info["model"]
     classes = {name: wanted.classes for name, wanted in requested.items()}
     plane = _plane(request)
-    served, outputs = await plane.infer(model, _version(request), inputs, classes or None, parameters, request[ARRIVAL])
+    traced = request.headers if plane.tracing is not None else None  # where a traceparent is, when tracing is on
+    served, outputs = await plane.infer(
+        model, _version(request), inputs, classes or None, parameters, request[ARRIVAL], traced
+    )
     reply: dict[str, Any] = {"model_name": model, "model_version": str(served.version), "outputs": []}
     if "id" in document:
         reply["id"] = document["id"]

@@ -61,10 +61,13 @@ class ControllerPort(Protocol):
         """Bring the view of models and devices up to date; False when it cannot be staler than it is."""
         ...
 
-    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0) -> list[Answer]:
+    async def infer(
+        self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0, traceparent: str = ""
+    ) -> list[Answer]:
         """One call of ``samples`` (a request each, one deadline: ``slo_ns`` after its first byte was read,
         resolved once at the edge, ``resolve_slo_ns``); ``waited_ns``: how long the call already waited
-        since its first byte was read (it counts against the deadline)."""
+        since its first byte was read (it counts against the deadline); ``traceparent``: the frontend's span
+        of a sampled call (W3C), for the controller's spans of its requests ("": not traced)."""
         ...
 
     async def warm(self, model: str) -> bool:

@@ -41,6 +41,8 @@ class FrontendSpec(msgspec.Struct, frozen=True):
     cells_file: str = ""  # cells on Ray: the cells added since, listed by the server (CellsPort follows it)
     shared_memory: str = ""  # the folder of the server's shared-memory registrations (``SharedMemoryRegions``)
     shed: bool = True  # shed at arrival while this process's loop runs late (``shed_at_arrival``)
+    otlp_endpoint: str = ""  # traces to this OTLP/HTTP collector ("": none)
+    trace_sample_ratio: float = 1.0
 
 
 TOKEN_ENV = "MAINSPRING_AUTH_TOKEN"
@@ -66,8 +68,13 @@ async def run_frontend(spec: FrontendSpec) -> None:
     repo = ModelRepository(spec.repo) if spec.repo else None
     access = Access(os.environ.get(TOKEN_ENV, ""), spec.auth_inference)
     regions = SharedMemoryRegions(spec.shared_memory or None)
+    tracing = None
+    if spec.otlp_endpoint:
+        from mainspring.telemetry.tracing import Tracing
+
+        tracing = Tracing(spec.otlp_endpoint, spec.trace_sample_ratio, spec.name)
     plane = DataPlane(controller, repo, limits=RequestLimits(**spec.limits), access=access, shared_memory=regions,
-                      shed=spec.shed)  # fmt: skip
+                      shed=spec.shed, tracing=tracing)  # fmt: skip
     runner = await start_http(plane, spec.host, spec.http_port, reuse_port=True)
     grpc_server = await start_grpc(plane, f"{spec.host}:{spec.grpc_port}", share_port=True)
     log.info("frontend %s (pid %d) serving HTTP on %s:%d and gRPC on %s:%d", spec.name, os.getpid(),
@@ -85,6 +92,8 @@ async def run_frontend(spec: FrontendSpec) -> None:
     regions.close()
     plane.gate.stop()
     await controller.close()
+    if tracing is not None:
+        tracing.close()  # the spans still batched go out
 
 
 def main(argv: Sequence[str]) -> int:

@@ -213,11 +213,13 @@ class RemoteController:
         return reply, tensors
 
     # --- ControllerPort ---------------------------------------------------------------------------
-    async def infer(self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0) -> list[Answer]:
+    async def infer(
+        self, model: str, samples: Sequence[Sample], slo_ns: int, waited_ns: int = 0, traceparent: str = ""
+    ) -> list[Answer]:
         call = next(self._calls)
         # Every request is answered by its deadline at the latest; past that and a grace, the controller is gone.
         timeout_s = slo_ns / NS_PER_S + ANSWER_GRACE_S
-        submit = Submit(call, model, slo_ns, metas_of(samples), waited_ns)
+        submit = Submit(call, model, slo_ns, metas_of(samples), waited_ns, traceparent)
         reply, outputs = await self._call(call, submit, timeout_s, samples)
         assert isinstance(reply, Answers) and outputs is not None
         return [

@@ -4,6 +4,7 @@ they point at (the built-in zoo written there on first start)."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from mainspring.cells.placement import CELL_DEVICES
 from mainspring.frontend.limits import RequestLimits
@@ -28,6 +30,7 @@ ENV_PREFIX = "MAINSPRING_"
 CLOCKWORK_ENV_PREFIX = f"{ENV_PREFIX}CLOCKWORK_"  # MAINSPRING_CLOCKWORK_ESTIMATE_PERCENTILE=90
 DEFAULT_ZOO = ("resnet18", "mobilenetv2", "bert_tiny", "mlp")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+OTEL_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")  # the otel extra's
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ class ServeConfig:
     # "uvloop": more requests/s through one controller, but its millisecond timers cost attainment
     # (docs/benchmarks/serving.md, "Controller throughput"); needs `pip install uvloop`.
     event_loop: str = "asyncio"
+    # OpenTelemetry traces (the otel extra): the collector's OTLP/HTTP address ("": off, no cost), and the share
+    # of calls traced that come without a client's traceparent (one with a sampled traceparent always is).
+    otlp_endpoint: str = ""
+    trace_sample_ratio: float = 1.0
     # Security: set the secrets in the config file or the environment, never as flags (``ps`` shows flags).
     auth_token: str = field(default="", repr=False)  # bearer token for the repository API (and see auth_inference)
     auth_inference: bool = False  # require the token for inference, metadata, statistics and metrics too
@@ -120,6 +127,7 @@ class ServeConfig:
             problems.append(f"deadline_margin_ms={self.deadline_margin_ms} must lie in [0, slo_ms)")
         if self.event_loop not in ("asyncio", "uvloop"):
             problems.append(f"event_loop={self.event_loop!r} must be 'asyncio' or 'uvloop'")
+        problems += _tracing_problems(self.otlp_endpoint, self.trace_sample_ratio)
         if self.repository_poll_s < 0:
             problems.append(f"repository_poll_s={self.repository_poll_s} must not be negative (0: no polling)")
         if self.max_loop_lag_ms < 0:
@@ -199,6 +207,24 @@ class ServeConfig:
         import torch
 
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())] or ["cpu"]
+
+
+def _tracing_problems(endpoint: str, ratio: float) -> list[str]:
+    problems = [] if 0.0 <= ratio <= 1.0 else [f"trace_sample_ratio={ratio} must lie in [0, 1]"]
+    if not endpoint:
+        return problems
+    url = urlsplit(endpoint)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        problems.append(f"otlp_endpoint={endpoint!r} must be an http:// or https:// URL (OTLP/HTTP)")
+    try:
+        missing = any(importlib.util.find_spec(name) is None for name in OTEL_MODULES)
+    except ModuleNotFoundError:  # a parent package is missing
+        missing = True
+    if missing:
+        problems.append(
+            "otlp_endpoint needs OpenTelemetry's SDK and OTLP/HTTP exporter: pip install 'mainspring[otel]'"
+        )
+    return problems
 
 
 def load_config(

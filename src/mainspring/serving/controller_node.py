@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mainspring.controller.repository_poll import RepositoryPoller
 from mainspring.controller.service import ControllerService
@@ -27,6 +28,9 @@ from mainspring.time import NO_LEDGER, CpuLedger
 from mainspring.transport.security import SECRET_ENV
 from mainspring.transport.zmq_hub import WorkerHub
 
+if TYPE_CHECKING:
+    from mainspring.telemetry.tracing import Tracing
+
 log = logging.getLogger("mainspring.serve")
 
 
@@ -34,7 +38,9 @@ class ControllerNode:
     """The controller and its workers. ``cell``: this node is that cell of several (its local workers'
     names say so); ``plans``: False in front of cells, where the cells plan and this hub never opens."""
 
-    def __init__(self, config: ServeConfig, cell: int | None = None, plans: bool = True) -> None:
+    def __init__(
+        self, config: ServeConfig, cell: int | None = None, plans: bool = True, tracing: Tracing | None = None
+    ) -> None:
         self.config = config
         self.cell = cell
         self.service = ControllerService(
@@ -47,6 +53,7 @@ class ControllerNode:
             log_dir=Path(config.log_dir).expanduser() if config.log_dir else None,
             policy_settings=config.clockwork,
             ledger=CpuLedger() if config.cpu_ledger else NO_LEDGER,
+            tracing=tracing,
         )
         self.repo: ModelRepository | None = None
         self._worker_dir: tempfile.TemporaryDirectory[str] | None = None  # the local workers' private channel

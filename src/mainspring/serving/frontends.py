@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import fields
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 from aiohttp import web
@@ -29,6 +29,9 @@ from mainspring.serving.config import LOOPBACK, ServeConfig
 from mainspring.serving.supervision import Flock, LocalWorker, wait_for_exit
 from mainspring.transport.ports import check_port_free
 from mainspring.transport.security import SECRET_ENV
+
+if TYPE_CHECKING:
+    from mainspring.telemetry.tracing import Tracing
 
 log = logging.getLogger("mainspring.serve")
 
@@ -57,8 +60,11 @@ class Frontends:
     """The server's ports and the processes that share them. Behind them either ``service`` (this
     process's controller) or ``cells``."""
 
-    def __init__(self, config: ServeConfig, service: ControllerService, cells: CellsFront | None) -> None:
+    def __init__(
+        self, config: ServeConfig, service: ControllerService, cells: CellsFront | None, tracing: Tracing | None = None
+    ) -> None:
         self.config = config
+        self._tracing = tracing
         self._service = service
         self._cells = cells
         self.processes: list[LocalWorker] = []
@@ -75,7 +81,7 @@ class Frontends:
         access = Access(config.auth_token, config.auth_inference)
         controller = self._service if self._cells is None else self._cells.port
         plane = self.plane = DataPlane(controller, repo, limits=config.limits(), access=access,
-                                       shed=config.shed_at_arrival)  # fmt: skip
+                                       shed=config.shed_at_arrival, tracing=self._tracing)  # fmt: skip
         if config.host not in LOOPBACK and not config.auth_token:
             log.warning("listening on %s without auth_token: anyone who reaches it can load and unload models",
                         config.host)  # fmt: skip
@@ -112,7 +118,8 @@ class Frontends:
                                 os.getpid(), str(repo.root) if repo else "", limits, config.auth_inference,
                                 list(cells.endpoints) if cells else [], list(cells.signal_endpoints) if cells else [],
                                 cells.cells_file if cells else "", shared_memory=shared_memory,
-                                shed=config.shed_at_arrival)  # fmt: skip
+                                shed=config.shed_at_arrival, otlp_endpoint=config.otlp_endpoint,
+                                trace_sample_ratio=config.trace_sample_ratio)  # fmt: skip
             command = [sys.executable, "-m", "mainspring.frontend.process", msgspec.json.encode(spec).decode()]
             self.processes.append(LocalWorker(spec.name, command, subprocess.Popen(command, env=self._env())))
         deadline = asyncio.get_running_loop().time() + timeout_s

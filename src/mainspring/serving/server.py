@@ -19,6 +19,7 @@ import faulthandler
 import logging
 import signal
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from mainspring.controller.service import ControllerService
 from mainspring.serving.cell import Cell, CellRole
@@ -26,6 +27,9 @@ from mainspring.serving.config import ServeConfig
 from mainspring.serving.controller_node import ControllerNode
 from mainspring.serving.frontends import CellsFront, Frontends
 from mainspring.serving.supervision import Supervisor
+
+if TYPE_CHECKING:
+    from mainspring.telemetry.tracing import Tracing
 
 log = logging.getLogger("mainspring.serve")
 
@@ -38,12 +42,13 @@ class Server:
     def __init__(self, config: ServeConfig, cell: CellRole | None = None, cells: CellsFront | None = None) -> None:
         self.config = config
         self._stop = asyncio.Event()
-        self.node = ControllerNode(config, cell.index if cell else None, plans=cells is None)
+        self.tracing = _tracing(config, f"cell-{cell.index}" if cell else "controller")
+        self.node = ControllerNode(config, cell.index if cell else None, plans=cells is None, tracing=self.tracing)
         self.cells = cells  # this server's frontends serve several cells
         self.cell = (
             Cell(cell, self.node.service, config.worker_secret, config.shed_at_arrival) if cell else None
         )  # one cell of several
-        self.front = Frontends(config, self.node.service, cells) if cell is None else None
+        self.front = Frontends(config, self.node.service, cells, self.tracing) if cell is None else None
         self.supervisor = Supervisor(config.max_restarts_per_minute, self._stop)
         self.supervisor.flocks.append(self.node.flock())
         if self.front is not None:
@@ -141,7 +146,18 @@ class Server:
         if self.front is not None:
             await self.front.stop()
         await self.node.close(self._ready)
+        if self.tracing is not None:
+            self.tracing.close()  # the spans still batched go out
         log.info("stopped")
+
+
+def _tracing(config: ServeConfig, role: str) -> Tracing | None:
+    """This process's tracer when ``otlp_endpoint`` is set; OpenTelemetry is imported only then."""
+    if not config.otlp_endpoint:
+        return None
+    from mainspring.telemetry.tracing import Tracing
+
+    return Tracing(config.otlp_endpoint, config.trace_sample_ratio, role)
 
 
 def use_uvloop() -> None:

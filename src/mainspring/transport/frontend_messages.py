@@ -31,6 +31,7 @@ class Submit(msgspec.Struct, frozen=True, tag=True):
     slo_ns: int  # resolved at the edge (the request's, else its model's, else the server's)
     inputs: list[list[TensorMeta]]
     waited_ns: int = 0  # since the call's first byte was read: counts against its deadline
+    traceparent: str = ""  # the frontend's span of a sampled call (W3C trace context); "": not traced
 
 
 class Ask(msgspec.Struct, frozen=True, tag=True):

@@ -49,8 +49,13 @@ def test_late_ticks_cut_the_share_taken_and_on_time_ticks_restore_it() -> None:
         gate.tick(0)
         ticks += 1
     assert ticks <= 20  # 100 ms of a loop on time: all calls again
-    gate.overloaded_elsewhere()  # the controller refused one as overloaded: shed here as for a late tick
-    assert gate.share == pytest.approx(0.7)
+    for _ in range(50):  # the controller refused many as overloaded: the next wake is late here too, once
+        gate.overloaded_elsewhere()
+    assert gate.share == 1.0
+    gate.woke(0)
+    assert gate.share == pytest.approx(0.7)  # one cut, not fifty
+    gate.woke(0)
+    assert gate.share == pytest.approx(0.75)  # this loop on time, and the controller said nothing more
 
 
 def test_a_loop_far_behind_is_cut_in_proportion_and_one_late_wake_moves_nothing() -> None:

@@ -53,6 +53,7 @@ class ArrivalGate:
         self.lag_ns = 0  # of the last tick
         self._credit = 0.0
         self._recent = collections.deque([0] * PERSIST, maxlen=PERSIST)
+        self._told = False  # the controller refused a call as overloaded since the last wake
         self._task: asyncio.Task[None] | None = None
 
     def woke(self, late_ns: int) -> None:
@@ -63,6 +64,10 @@ class ArrivalGate:
         recent = self._recent
         recent.append(max(0, late_ns))
         least = min(recent)
+        if self._told:  # the controller is behind: as if this loop were
+            self._told = False
+            self.tick(max(least, self.target_ns + 1))
+            return
         if least > self.target_ns or max(recent) <= self.target_ns:
             self.tick(least)
         else:  # late at one of them only: neither cut nor grow back until the loop shows which it is
@@ -78,9 +83,10 @@ class ArrivalGate:
             self.share = min(1.0, self.share + STEP)
 
     def overloaded_elsewhere(self) -> None:
-        """The controller refused a call as overloaded: shed here as for a late tick."""
+        """The controller refused a call as overloaded: the next wake counts as late here too (once, however
+        many it refused meanwhile: a cut per refusal would take the share to the floor in one burst)."""
         if self.watching:
-            self.tick(max(self.lag_ns, self.target_ns + 1))
+            self._told = True
 
     def admit(self) -> bool:
         """Whether the call arriving now is taken; the share over time is what is admitted."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from mainspring.cells.placement import PlacementConfig
@@ -142,13 +142,9 @@ class CellsPort:
     # --- ControllerPort ---------------------------------------------------------------------------
     @property
     def models(self) -> Mapping[str, ServedModel]:
-        """What the cells that are up serve (what a request can reach: ready agrees with infer)."""
-        merged: dict[str, ServedModel] = {}
-        for index, cell in enumerate(self.cells):
-            for name, served in cell.models.items():
-                if name not in merged and self.roster.serves(index, name):
-                    merged[name] = served
-        return merged
+        """What the cells that are up serve (what a request can reach: ready agrees with infer). A view: a
+        call's lookup asks each cell for its one model, not all the cells' models merged per call."""
+        return _ServedByCells(self.cells, self.roster)
 
     @property
     def device_count(self) -> int:
@@ -261,3 +257,29 @@ class CellsPort:
         reachable = self.roster.reachable()
         if reachable:
             reachable[0].count_dropped_client(transport, cause)
+
+
+class _ServedByCells(Mapping[str, ServedModel]):
+    """The models the cells that are up serve, each as the first such cell serves it."""
+
+    def __init__(self, cells: Sequence[RemoteController], roster: CellRoster) -> None:
+        self._cells = cells
+        self._roster = roster
+
+    def __getitem__(self, name: str) -> ServedModel:
+        for index, cell in enumerate(self._cells):
+            served = cell.models.get(name)
+            if served is not None and self._roster.serves(index, name):
+                return served
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        seen: set[str] = set()
+        for index, cell in enumerate(self._cells):
+            for name in cell.models:
+                if name not in seen and self._roster.serves(index, name):
+                    seen.add(name)
+                    yield name
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

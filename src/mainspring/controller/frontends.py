@@ -27,7 +27,7 @@ from mainspring.models.errors import ModelLoadError
 from mainspring.protocol import Outcome
 from mainspring.protocol.models import ModelInfo
 from mainspring.protocol.tensors import Sample
-from mainspring.transport.batched import Batched
+from mainspring.transport.batched import MOST_PER_WAKE, Batched
 from mainspring.transport.frontend_messages import (
     CAUSES,
     RESTARTED,
@@ -46,6 +46,7 @@ from mainspring.transport.messages import CodecError, encode, metas_of
 from mainspring.transport.security import secure_controller, tcp_secret
 
 log = logging.getLogger(__name__)
+LATE_PER_WAKE = 16  # calls read per wake-up while the loop runs late (else ``MOST_PER_WAKE``)
 
 
 class FrontendHub:
@@ -149,6 +150,8 @@ class FrontendHub:
 
     # --- calls -----------------------------------------------------------------------------------
     def _take(self, message: list[zmq.Frame]) -> None:
+        if self._batched is not None:  # while the loop runs late, fewer new calls a wake: results and passes first
+            self._batched.most_per_wake = MOST_PER_WAKE if self.gate.share >= 1.0 else LATE_PER_WAKE
         with self._receive_part:
             self._dispatch(bytes(message[0].buffer), message[1:])
 

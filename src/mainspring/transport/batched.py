@@ -30,6 +30,7 @@ class Batched:
 
     def __init__(self, socket: zmq.Socket[Any], handle: Callable[[list[Any]], None], copy: bool = False) -> None:
         self.socket: zmq.Socket[Any] = zmq.Socket.shadow(socket.underlying)
+        self.most_per_wake = MOST_PER_WAKE  # its owner may take fewer while its loop runs late
         self._handle = handle
         self._copy = copy
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -56,7 +57,7 @@ class Batched:
     def _readable(self) -> None:
         self._scheduled = False
         socket = self.socket
-        for _ in range(MOST_PER_WAKE):
+        for _ in range(self.most_per_wake):
             try:
                 frames = socket.recv_multipart(zmq.NOBLOCK, copy=self._copy)
             except zmq.Again:

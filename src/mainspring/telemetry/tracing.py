@@ -9,11 +9,13 @@ one span per action that ran the request on a worker (its window, its predicted 
 end, its batch and device). Spans go to an OTLP/HTTP collector from a background thread.
 
 Nothing here is imported unless tracing is on: the serving code pays one attribute check per call
-when it is off.
+when it is off. On, a call not sampled costs a header lookup and a random draw, no span
+(``benchmarks/tracing_cost.py``).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -37,7 +39,6 @@ Answers = list[tuple[Response, Any]]  # a call's, as ``frontend/port.py`` says (
 # When a request of a model arriving now could complete at the earliest (None: no device holds it).
 Predict = Callable[[str, int], int | None]
 _PROPAGATOR = TraceContextTextMapPropagator()
-TRACE_HEADERS = ("traceparent", "tracestate")
 # Outcomes the policy gives at arrival: a request answered with one of them before any action carried it
 # was refused by admission; any other answer came after it was admitted (expired in its queue, say).
 AT_ARRIVAL = frozenset(
@@ -50,20 +51,33 @@ def traces_url(endpoint: str) -> str:
     return endpoint if urlsplit(endpoint).path not in ("", "/") else endpoint.rstrip("/") + "/v1/traces"
 
 
+def _state(headers: Mapping[str, str]) -> dict[str, str]:
+    state = headers.get("tracestate")
+    return {} if state is None else {"tracestate": state}
+
+
 def parent_context(headers: Mapping[str, str]) -> Context | None:
     """The span context a W3C ``traceparent`` (and ``tracestate``) names; None when absent or malformed."""
     context = _PROPAGATOR.extract(headers)
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
+def _sampled(context: Context) -> bool:
+    return bool(trace.get_current_span(context).get_span_context().trace_flags.sampled)
+
+
 class Tracing:
     """One process's tracer: sampled spans batched to the collector at ``endpoint`` (``close`` sends what is left).
-    ``sample_ratio``: the share of calls without a sampled parent that are traced; a client's sampled
-    ``traceparent`` is always followed, an unsampled one never."""
+    ``sample_ratio``: the share of calls without a client's ``traceparent`` that are traced (drawn from
+    ``rng``); a client's sampled ``traceparent`` is always followed, an unsampled one never."""
 
-    def __init__(self, endpoint: str, sample_ratio: float, role: str) -> None:
+    def __init__(self, endpoint: str, sample_ratio: float, role: str, rng: random.Random | None = None) -> None:
         resource = Resource.create({"service.name": "mainspring", "service.instance.id": role})
-        self._provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+        # Calls are sampled before any span is made (an unsampled call costs no span, ``traced_call``): every
+        # span started is kept, and the controller's follow the frontend's.
+        self._provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
+        self._sample_ratio = sample_ratio
+        self._rng = rng or random.Random()
         self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint))))
         self.tracer = self._provider.get_tracer("mainspring")
 
@@ -79,14 +93,19 @@ class Tracing:
         span from the call's first byte (``waited_ns`` ago) to its answers, a child of the ``traceparent`` in
         ``headers`` when there is a valid one; a sampled call hands its span's ``traceparent`` on, for the
         controller's spans of its requests."""
-        parent = parent_context({k: v for k in TRACE_HEADERS if (v := headers.get(k)) is not None})
+        traceparent = headers.get("traceparent")
+        parent = None if traceparent is None else parent_context({"traceparent": traceparent, **_state(headers)})
+        if parent is None:  # a trace of its own, at the sampling ratio
+            if self._sample_ratio < 1.0 and self._rng.random() >= self._sample_ratio:
+                return await call("")
+        elif not _sampled(parent):
+            return await call("")  # the client's choice
         span = self.tracer.start_span(
             f"infer {model}", parent, SpanKind.SERVER, start_time=time.time_ns() - waited_ns,
             attributes={"mainspring.model": model, "mainspring.samples": samples},
         )  # fmt: skip
         carrier: dict[str, str] = {}
-        if span.get_span_context().trace_flags.sampled:
-            _PROPAGATOR.inject(carrier, trace.set_span_in_context(span))
+        _PROPAGATOR.inject(carrier, trace.set_span_in_context(span))
         try:
             answers = await call(carrier.get("traceparent", ""))
         except BaseException as error:  # a refusal of the whole call, or a client gone
@@ -138,7 +157,7 @@ class RequestTraces:
     def follow(self, request_id: int, traceparent: str) -> None:
         """Trace ``request_id`` under ``traceparent`` (a frontend's span); a malformed one is ignored."""
         parent = parent_context({"traceparent": traceparent})
-        if parent is not None:
+        if parent is not None and _sampled(parent):
             self._traced[request_id] = _Traced(parent)
 
     def _epoch(self, ns: int) -> int:

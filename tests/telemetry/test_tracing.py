@@ -16,6 +16,9 @@ import grpc
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry import trace
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
@@ -24,7 +27,7 @@ from mainspring.frontend.dataplane import DataPlane, Tensor
 from mainspring.frontend.grpc import start_grpc
 from mainspring.frontend.http import start_http
 from mainspring.serving.config import load_config
-from mainspring.telemetry.tracing import Tracing
+from mainspring.telemetry.tracing import Tracing, parent_context
 from mainspring.transport.frontend_messages import Submit, decode_frontend
 from mainspring.worker.inprocess import InProcessWorker
 from tests.controller.test_service import with_service
@@ -207,6 +210,14 @@ def test_a_frontend_in_another_process_hands_its_span_to_the_controller_in_submi
     assert (
         action.attributes["mainspring.actual.start_unix_ns"] >= action.attributes["mainspring.window.earliest_unix_ns"]
     )
+
+
+@given(st.one_of(st.text(max_size=80), st.from_regex(r"[0-9a-f]{2}-[0-9a-fA-F]{32}-[0-9a-f]{16}-[0-9a-f]{2}.{0,3}")))
+def test_whatever_a_client_sends_as_traceparent_is_a_valid_parent_or_ignored(text: str) -> None:
+    context = parent_context({"traceparent": text})
+    if context is not None:  # then it names the ids it carried
+        span = trace.get_current_span(context).get_span_context()
+        assert f"{span.trace_id:032x}" == text[3:35].lower() and f"{span.span_id:016x}" == text[36:52]
 
 
 def test_a_submit_from_a_frontend_that_predates_tracing_still_decodes() -> None:

@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.serving.processes import ServerProcess, http_call
+from tests.serving.test_cells_serve import TwoCells
 from tests.serving.test_supervision import metric
 from tests.telemetry.otlp_receiver import OtlpReceiver
 
@@ -54,6 +57,36 @@ def test_traces_of_calls_to_every_frontend_process_reach_the_collector_whole(tmp
         children = [s for s in spans if s is not request]
         assert {s.parent_span_id for s in children} == {request.span_id}
         assert sorted({s.name for s in children}) == ["admission", "infer on device 0"]
-        assert {s.resource["service.instance.id"] for s in children} == {"controller"}
+        assert {s.resource["service.instance.id"] for s in children} == {"serve"}
         frontends.add(request.resource["service.instance.id"])
-    assert frontends == {"controller", "frontend-1"}  # this process's own frontend, and the other
+    assert frontends == {"serve", "frontend-1"}  # this process's own frontend, and the other
+
+
+def test_with_cells_the_cell_that_planned_a_call_exports_its_spans_under_the_frontends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve --cells 2``: the serving process routes each call to a cell's controller, a process of its own,
+    which exports the admission and action spans as children of the serving process's span."""
+    receiver = OtlpReceiver()
+    monkeypatch.setenv("MAINSPRING_OTLP_ENDPOINT", receiver.url)  # the server's environment, and so its cells'
+    monkeypatch.setenv("MAINSPRING_TRACE_SAMPLE_RATIO", "0")
+    cells = TwoCells(tmp_path, "--slo-ms", "5000")
+    trace_ids = [f"{i + 1:032x}" for i in range(len(cells.models) * 2)]
+    try:
+        body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0, 4.0]}]}
+        for i, trace_id in enumerate(trace_ids):
+            url = f"http://{cells.server.http}/v2/models/{cells.models[i % len(cells.models)]}/infer"
+            headers = {"traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"}
+            assert http_call(url, json.dumps(body).encode(), headers)[0] == 200
+    finally:
+        cells.close()
+        receiver.close()
+    for trace_id in trace_ids:
+        spans = receiver.of_trace(trace_id)
+        (request,) = [s for s in spans if s.parent_span_id == CLIENT_SPAN]
+        assert request.resource["service.instance.id"] == "serve"
+        children = [s for s in spans if s is not request]
+        assert {s.parent_span_id for s in children} == {request.span_id}
+        assert [s.name for s in children].count("admission") == 1 and len(children) >= 2
+        (cell,) = {s.resource["service.instance.id"] for s in children}
+        assert cell in ("cell-0", "cell-1")

@@ -42,7 +42,7 @@ class Server:
     def __init__(self, config: ServeConfig, cell: CellRole | None = None, cells: CellsFront | None = None) -> None:
         self.config = config
         self._stop = asyncio.Event()
-        self.tracing = _tracing(config, f"cell-{cell.index}" if cell else "controller")
+        self.tracing = _tracing(config, f"cell-{cell.index}" if cell else "serve")  # who sent a span
         self.node = ControllerNode(config, cell.index if cell else None, plans=cells is None, tracing=self.tracing)
         self.cells = cells  # this server's frontends serve several cells
         self.cell = (

@@ -146,7 +146,6 @@ class RequestTraces:
     dictionary lookup per event."""
 
     def __init__(self, tracing: Tracing, clock: Clock, predict: Predict | None) -> None:
-        self._tracing = tracing
         self._tracer = tracing.tracer
         # The controller's clock is monotonic live; its offset to the epoch, read once.
         self._epoch_offset_ns = time.time_ns() - clock.now_ns()

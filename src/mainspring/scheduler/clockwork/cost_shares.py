@@ -87,6 +87,9 @@ class CostShares:
     def forget(self, model: str) -> None:
         for table in (self._slo_ns, self._since_ns, self._last_ns):
             table.pop(model, None)
+        for shares in self._devices.values():
+            shares.own.pop(model, None)
+            shares.free_ns.pop(model, None)
 
     def _of(self, device: DeviceState) -> _DeviceShares:
         shares = self._devices.get(device.spec.device)

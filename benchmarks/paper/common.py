@@ -23,6 +23,7 @@ POLICIES = ("clockwork", "infer5", "infer4", "triton", "clipper")
 # Clockwork with a setting changed, run beside the policies under its own name.
 VARIANTS: Mapping[str, tuple[str, Mapping[str, object]]] = {
     "clockwork-noguard": ("clockwork", {"guard_tight": False}),  # every device runs whole batches
+    "clockwork-by-cost": ("clockwork", {"share_by_cost": True}),  # shares by what a rate costs (cost_shares.py)
 }
 OUT = Path(os.environ.get("MAINSPRING_PAPER_OUT", "out/paper"))
 

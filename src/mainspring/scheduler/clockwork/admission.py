@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from mainspring.protocol import Request
 from mainspring.protocol.model_names import client_name
+from mainspring.scheduler.clockwork.cost_shares import water_level
 from mainspring.scheduler.clockwork.evictions import Evictions
 from mainspring.scheduler.clockwork.state import PolicyState
 from mainspring.scheduler.clockwork.tracker import DeviceState
@@ -23,20 +24,6 @@ from mainspring.scheduler.lanes import NEVER
 from mainspring.time import ms_to_ns, ns_to_ms
 
 PROTECT_CACHE_NS = ms_to_ns(1)  # how long a device's fair water level is reused
-
-
-def water_level(demands: list[float]) -> float:
-    """The max-min fair share of one device among ``demands`` (shares of it): the level at which
-    the demands, each capped there, add up to the whole device; infinite when they all fit."""
-    if sum(demands) <= 1.0:
-        return float("inf")
-    left, count = 1.0, len(demands)
-    for demand in sorted(demands):
-        if demand * count > left:
-            return left / count
-        left -= demand
-        count -= 1
-    return left  # not reached: the demands sum to more than 1
 
 
 class Refusal(NamedTuple):
@@ -128,6 +115,22 @@ class Admission:
         return best
 
     def _within_share(self, request: Request, now_ns: int) -> bool:
+        if self.state.demand.by_cost is not None:
+            return self._within_cost_share(request, now_ns)
+        return self._within_batch1_share(request, now_ns)
+
+    def _within_cost_share(self, request: Request, now_ns: int) -> bool:
+        """``share_by_cost`` (``CostShares``): a model whose entry (its own, or the flood's) asks more
+        of its holders than the fair level, while another entry there asks for less, is admitted at
+        its entry's share of their time (the flood: at what the entries of their own leave it)."""
+        by_cost = self.state.demand.by_cost
+        assert by_cost is not None
+        queue = self.state.queues.get(request.model)
+        queued = queue.count if queue is not None else 0
+        held = self.state.residency.holding(request.model)
+        return by_cost.admits(request.model, queued, held, request.deadline_ns, now_ns)
+
+    def _within_batch1_share(self, request: Request, now_ns: int) -> bool:
         """A model whose recent demand exceeds its share of its holders (what the other models'
         demand leaves it, at least ``min_share``) may queue only as much work as that share
         of their time until this request's deadline. Models within their share pass."""

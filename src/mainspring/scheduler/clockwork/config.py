@@ -39,6 +39,11 @@ class ClockworkConfig:
     ``share_full_batch``: a model over its share may still queue one full batch.
     ``share_protects_only``: share admission holds a model to its share only where another model on
     its holders asks for less than its max-min fair share (one there to protect).
+    ``share_by_cost``: shares weigh a model's demand at the batch its rate fills in half its SLO, and,
+    beside a model that has asked for ``share_steady_after_ms``, the models that have not or that fill no
+    batch of two share one entry of the fair level, the flood (``cost_shares.py``; it replaces
+    ``share_protects_only`` and ``share_full_batch``). Off (the default): demand at batch-1 cost, one
+    entry per model (``docs/scheduler/admission.md``, "Shares by what a rate costs").
     ``split_padding``: a batch that would be padded runs instead as the first of the batches that
     serve its requests in the least lane time (12 requests: 8 now and 4 next, not 16 with 4 empty).
     ``start_early``: infers may start as soon as the lane is free (earliest = now), as INFER4's do.
@@ -110,6 +115,8 @@ class ClockworkConfig:
     share_full_batch: bool = True
     split_padding: bool = True
     share_protects_only: bool = True
+    share_by_cost: bool = False
+    share_steady_after_ms: float = 60_000.0
     start_early: bool = True
     efficient_when_contended: bool = True
     spill_after: float | None = 0.5
@@ -131,6 +138,8 @@ class ClockworkConfig:
             problems.append(f"window_slack_ms={self.window_slack_ms} must not be negative")
         if not 0 < self.min_share <= 1 or self.rate_memory_ms <= 0:
             problems.append(f"min_share={self.min_share} must lie in (0, 1], rate_memory_ms={self.rate_memory_ms} > 0")
+        if self.share_steady_after_ms < 0:
+            problems.append(f"share_steady_after_ms={self.share_steady_after_ms} must not be negative")
         if self.popularity_memory_ms <= 0:
             problems.append(f"popularity_memory_ms={self.popularity_memory_ms} must be positive")
         if self.deadline_margin_ms < 0:

@@ -5,6 +5,7 @@ read it (``PolicyState.demand``); the policy records each arrival."""
 from __future__ import annotations
 
 from mainspring.scheduler.clockwork.config import ClockworkConfig
+from mainspring.scheduler.clockwork.cost_shares import CostShares
 from mainspring.scheduler.clockwork.residency import Residency
 from mainspring.scheduler.clockwork.shapes import BatchShapes
 from mainspring.scheduler.clockwork.tier_order import WatchedSet
@@ -27,14 +28,18 @@ class RecentDemand:
         self._popularity_ns = ms_to_ns(config.popularity_memory_ms)
         self._counts_popularity = False  # from when a pool fills (``pool_filled``)
         self.needs_replica = WatchedSet()  # held models with requests only a new replica can serve
+        # shares by the batch a model's rate fills (``share_by_cost``)
+        self.by_cost = CostShares(config, residency, judged, self.arrivals_per_ns) if config.share_by_cost else None
 
     def forget(self, model: str) -> None:
         self._arrivals.pop(model, None)
         self._popularity.pop(model, None)
         self.needs_replica.discard(model)
+        if self.by_cost is not None:
+            self.by_cost.forget(model)
 
-    def record(self, model: str, now_ns: int) -> None:
-        """Remember an arrival of ``model`` and the device time it asks of each holder."""
+    def record(self, model: str, slo_ns: int, now_ns: int) -> None:
+        """Remember an arrival of ``model`` (with ``slo_ns``) and the device time it asks of each holder."""
         rate = self._arrivals.get(model)
         if rate is None:
             rate = self._arrivals[model] = DecayingRate(self._memory_ns)
@@ -47,6 +52,8 @@ class RecentDemand:
         holders = self._residency.holding(model)
         for device in holders:
             device.demand.add(self._shapes.fastest_ns(model, device.kind) / len(holders), now_ns)
+        if self.by_cost is not None:
+            self.by_cost.record(model, slo_ns, now_ns)
 
     def pool_filled(self) -> None:
         """A device's pool is full: from now on evictions weigh popularity, so count arrivals. With
@@ -90,5 +97,7 @@ class RecentDemand:
         """Does ``model`` ask more of ``device`` than the other models' demand leaves it?"""
         if not self._residency.holders.get(model):
             return False
+        if self.by_cost is not None:
+            return self.by_cost.over_share(model, device, now_ns)
         own = self.demand_on(model, device, now_ns)
         return own > self.share_given(own, device, now_ns)

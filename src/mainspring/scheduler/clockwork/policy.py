@@ -102,11 +102,11 @@ class ClockworkScheduler(PolicyBookkeeping):
         self.estimator.expire(now_ns)
         model = request.model
         if self.config.demand_counts_rejected:
-            self.state.demand.record(model, now_ns)
+            self.state.demand.record(model, request.slo_ns, now_ns)
         refusal = self.admission.rejection(request, now_ns)
         if refusal is None:
             if not self.config.demand_counts_rejected:
-                self.state.demand.record(model, now_ns)
+                self.state.demand.record(model, request.slo_ns, now_ns)
             self.state.enqueue(request)
             return
         if not refusal.overloaded and self._probe(request, now_ns):

@@ -6,9 +6,11 @@ are cell processes (``live_rig.LiveServer``: ``--devices`` emulated V100s in wor
 cell, ``--models`` each), warmed up, then a ramp of Poisson rates over every model at a ``--slo-ms`` SLO,
 ``--seconds`` each, from this process's driver. Then the simulator on the same setting
 (``simulate(..., cells=CellsConfig(N))``: the policy's calls, the live process around them and a
-frontend core, ``cells/cost.py``'s ``LIVE_COST``), each rate a fresh run with a warm-up at that rate.
+frontend core, ``cells/cost.py``'s ``LIVE_COST``), each rate a fresh run with a warm-up at that rate:
+once with a core for each process (a production server), once on this machine's cores shared with the
+emulated workers and the load generator as busy as they were live at that rate (``sim/machine.py``).
 Prints goodput and attainment per rate, live and simulated, each side's knee (the rate where goodput
-peaks) and the simulated knee's ratio to the live one (aim: within 25%). The live rows come first, all
+peaks) and the ratio of this machine's simulated knee to the live one (aim: within 25%). The live rows come first, all
 of them, so that the simulations do not share the machine with the live servers.
 
     .venv/bin/python benchmarks/knee_live_vs_sim.py [--cells 1,2] [--rates 400,800,...] [--seconds 8]
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from mainspring.models.profile import builtin_profiles, model_copies
 from mainspring.sim.cells import CellsConfig
+from mainspring.sim.machine import MachineShare
 from mainspring.sim.run import SimulationConfig, simulate
 from mainspring.time import ms_to_ns, s_to_ns
 from mainspring.workload import PoissonOpenLoop
@@ -67,15 +70,21 @@ def live(cells: int, args: argparse.Namespace, folder: Path) -> tuple[list[Row],
     return rows, busy
 
 
-def simulated(cells: int, args: argparse.Namespace) -> list[Row]:
+def simulated(cells: int, args: argparse.Namespace, busy: list[dict[str, float]] | None) -> list[Row]:
+    """The simulator's goodput per rate: each process a core of its own (``busy`` None), or this machine's
+    cores shared with the emulated workers and the load generator, as busy as they were live at that rate."""
     models = model_copies(builtin_profiles(), args.models)
     rows = []
-    for rate in args.rates:
+    for index, rate in enumerate(args.rates):
         config = SimulationConfig(duration_ns=s_to_ns(args.seconds), warmup_ns=s_to_ns(args.warmup_s),
                                   devices=args.devices, seed=1, slo_ns=ms_to_ns(args.slo_ms))  # fmt: skip
-        report = simulate("clockwork", models, PoissonOpenLoop(rate), config, cells=CellsConfig(cells)).report
-        rows.append((rate, report.goodput_rps, report.slo_attainment))
-        print(f"simulated, {cells} cell(s): {rate:.0f} r/s -> {rows[-1][1]:.0f} r/s ({rows[-1][2]:.2%})", flush=True)
+        background = None if busy is None else busy[index]["workers"] + busy[index]["load generator"]
+        machine = None if background is None else MachineShare(os.cpu_count() or 1, background)
+        result = simulate("clockwork", models, PoissonOpenLoop(rate), config, cells=CellsConfig(cells, machine=machine))
+        rows.append((rate, result.report.goodput_rps, result.report.slo_attainment))
+        where = "a core each" if machine is None else f"{machine.cores:g} cores, {background:.2f} busy besides"
+        print(f"simulated, {cells} cell(s), {where}: {rate:.0f} r/s -> {rows[-1][1]:.0f} r/s ({rows[-1][2]:.2%})",
+              flush=True)  # fmt: skip
     return rows
 
 
@@ -97,22 +106,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         runs = {cells: live(cells, args, Path(folder)) for cells in args.cells}
     measured = {cells: rows for cells, (rows, _) in runs.items()}
-    predicted = {cells: simulated(cells, args) for cells in args.cells}
+    predicted = {cells: simulated(cells, args, None) for cells in args.cells}
+    on_this_machine = {cells: simulated(cells, args, runs[cells][1]) for cells in args.cells}
     print(f"\n{args.devices} emulated V100s, {args.models} models, SLO {args.slo_ms:g} ms, {args.seconds:g} s a rate")
-    print("| cells | offered r/s | live goodput r/s | live attainment | cores busy: " + ", ".join(PROCESSES)
-          + " | simulated goodput r/s | simulated attainment |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| cells | offered r/s | live goodput r/s (attainment) | cores busy live: " + ", ".join(PROCESSES)
+          + " | simulated, a core each | simulated, this machine |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for cells in args.cells:
-        rows = zip(measured[cells], runs[cells][1], predicted[cells], strict=True)
-        for (rate, good, share), busy, (_, sim_good, sim_share) in rows:
+        rows = zip(measured[cells], runs[cells][1], predicted[cells], on_this_machine[cells], strict=True)
+        for (rate, good, share), busy, (_, each, each_share), (_, here, here_share) in rows:
             cores = " + ".join(f"{busy[kind]:.2f}" for kind in PROCESSES) + f" = {sum(busy.values()):.2f}"
-            print(f"| {cells} | {rate:.0f} | {good:.0f} | {share:.2%} | {cores} | {sim_good:.0f} | {sim_share:.2%} |")
-    print("\n| cells | live knee r/s (goodput) | simulated knee r/s (goodput) | simulated / live |")
-    print("|---|---|---|---|")
+            print(f"| {cells} | {rate:.0f} | {good:.0f} ({share:.2%}) | {cores} | {each:.0f} ({each_share:.2%}) | "
+                  f"{here:.0f} ({here_share:.2%}) |")  # fmt: skip
+    print("\n| cells | live knee r/s (its goodput) | simulated, a core each | simulated, this machine | "
+          "this machine / live |")  # fmt: skip
+    print("|---|---|---|---|---|")
     for cells in args.cells:
-        (live_rate, live_good, _), (sim_rate, sim_good, _) = knee(measured[cells]), knee(predicted[cells])
-        print(f"| {cells} | {live_rate:.0f} ({live_good:.0f}) | {sim_rate:.0f} ({sim_good:.0f}) | "
-              f"{sim_good / max(live_good, 1e-9):.2f} |")  # fmt: skip
+        (rate, good, _), (each_rate, each, _) = knee(measured[cells]), knee(predicted[cells])
+        here_rate, here, _ = knee(on_this_machine[cells])
+        print(f"| {cells} | {rate:.0f} ({good:.0f}) | {each_rate:.0f} ({each:.0f}) | {here_rate:.0f} ({here:.0f}) | "
+              f"{here / max(good, 1e-9):.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -27,11 +25,12 @@ from mainspring.frontend.limits import RequestLimits
 from mainspring.frontend.port import ControllerPort, ServedModel, ServiceError
 from mainspring.frontend.shared_memory import SharedMemoryRegions
 from mainspring.frontend.shedding import SHED, ArrivalGate, target_lag_ns
+from mainspring.frontend.tensors import Tensor, decode_tensor
 from mainspring.models.errors import ModelLoadError
 from mainspring.models.repository import ModelRepository
 from mainspring.protocol import Outcome
 from mainspring.protocol.requests import resolve_slo_ns, slo_problem
-from mainspring.protocol.tensors import DATATYPES, shape_matches
+from mainspring.protocol.tensors import shape_matches
 from mainspring.time import NS_PER_MS, NS_PER_US
 
 if TYPE_CHECKING:  # imported only where tracing is on (the ``otel`` extra)
@@ -53,9 +52,6 @@ EXTENSIONS = [
 __all__ = ["HTTP_STATUS", "DataPlane", "InferenceError", "Tensor", "decode_tensor"]
 
 
-MAX_DIMENSIONS = 32  # numpy's own limit is 64
-
-
 def unknown_model(name: str, version: str = "", serving: int | None = None) -> str:
     """Triton's words for a model (or version) not served: its clients' examples match on the start."""
     if not version:
@@ -64,16 +60,6 @@ def unknown_model(name: str, version: str = "", serving: int | None = None) -> s
 
 
 _SERVICE_STATUS = {"not_found": 404, "invalid": 400, "unavailable": 503, "overloaded": 429}
-
-
-@dataclass
-class Tensor:
-    """A named tensor in the protocol's terms; ``data`` has ``shape``."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    data: np.ndarray[Any, Any]
 
 
 class DataPlane:
@@ -404,44 +390,6 @@ HTTP_STATUS = {
     Outcome.BAD_RESULT: 500,
     Outcome.SHUTTING_DOWN: 503,
 }
-
-
-def decode_tensor(
-    name: str, datatype: str, shape: Any, data: Any, raw: bytes | None, limits: RequestLimits, so_far: int = 0
-) -> tuple[Tensor, int]:
-    """Build a tensor from JSON data (flat or nested) or raw bytes, and the request's values counted
-    so far with it (``so_far`` before); ``InferenceError`` 400 names what is wrong."""
-    limits.check_string("an input name", name)
-    dtype = DATATYPES.get(datatype)
-    if dtype is None:
-        raise InferenceError(400, f"input {name!r}: unsupported datatype {datatype[:64]!r}")
-    if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                      for d in shape):  # fmt: skip
-        raise InferenceError(400, f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}"[:300])
-    if len(shape) > MAX_DIMENSIONS:
-        raise InferenceError(400, f"input {name!r}: shape has {len(shape)} dimensions, at most {MAX_DIMENSIONS}")
-    # The largest dimension alone too: beside a zero, 2**63 passes the count and numpy raises (found by fuzzing).
-    limits.check_elements(name, max(shape, default=0), 0)
-    count = math.prod(shape)
-    so_far = limits.check_elements(name, count, so_far)
-    if raw is not None:
-        if len(raw) != count * dtype.itemsize:
-            raise InferenceError(400, f"input {name!r}: {len(raw)} bytes of data, shape {list(shape)} of {datatype} "
-                                      f"needs {count * dtype.itemsize}")  # fmt: skip
-        array = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
-    else:
-        try:
-            # A value past the datatype's range is the client's error, not an inf or a wrapped integer.
-            with np.errstate(over="raise", invalid="raise"):
-                array = np.asarray(data, dtype=dtype)
-        except (OverflowError, FloatingPointError):
-            raise InferenceError(400, f"input {name!r}: a value is out of range for {datatype}") from None
-        except (TypeError, ValueError):
-            raise InferenceError(400, f"input {name!r}: data is not a list of {datatype} values") from None
-        if array.size != count:
-            raise InferenceError(400, f"input {name!r}: {array.size} values, shape {list(shape)} needs {count}")
-        array = array.reshape(shape)
-    return Tensor(name, datatype, list(shape), array), so_far
 
 
 def _repository_parameters(parameters: Mapping[str, Any], action: str, flags: tuple[str, ...]) -> None:

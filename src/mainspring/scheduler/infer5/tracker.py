@@ -10,6 +10,9 @@ with two differences of the source's own.
   after ``exchange(0)`` when it files a request's deadline, so what lapses there is 0: a request's load
   demand is withdrawn only when it runs (``executing``) or times out (``cancelled``). INFER5 is therefore
   more eager to load than INFER4.
+
+INFER4's reading of the source's "all demand satisfied" test (a pointer compared with zero in both
+trackers) is kept: a model whose holders already serve its demand is not loaded again.
 """
 
 from __future__ import annotations

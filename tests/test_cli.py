@@ -60,6 +60,8 @@ def test_simulate_writes_table_json_plots_and_logs(tmp_path: Path, capsys: pytes
         (["--clockwork", "estimate_percentile=120"], "estimate_percentile=120.0 must lie in (0, 100]"),
         (["--clockwork", "deadline_margin_ms=3"], "'deadline_margin_ms' is not set here"),
         (["--policy", "triton", "--clockwork", "lookahead=off"], "apply to policy clockwork, which --policy triton"),
+        (["--network-latency-us", "-1"], "argument --network-latency-us: must be a finite number in [0, 1000000]"),
+        (["--network-latency-us", "nan"], "argument --network-latency-us: must be a finite number in [0, 1000000]"),
         (["--slo-ms", "1e300"], "argument --slo-ms: must be a finite number in [0.001, 86400000], got '1e300'"),
         (["--device-memory-gib", "0.001"], "--device-memory-gib 0.001 holds no page of --page-mib 16"),
         # told before the run, whose results would otherwise be lost at its end
@@ -76,6 +78,17 @@ def test_bad_flags_give_one_clear_line(extra: list[str], message: str, capsys: p
         main([*SMALL, *extra])
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_network_latency_delays_every_answer_by_its_round_trip(tmp_path: Path) -> None:
+    run = ["simulate", "--policy", "infer5", "--workload", "poisson", "--rate", "200", "--models", "4"]
+    run += ["--devices", "1", "--duration-s", "2", "--quiet"]
+    assert main([*run, "--json", str(tmp_path / "instant.json")]) == 0
+    assert main([*run, "--network-latency-us", "3000", "--json", str(tmp_path / "lan.json")]) == 0
+    (instant,) = json.loads((tmp_path / "instant.json").read_text())["results"]
+    (lan,) = json.loads((tmp_path / "lan.json").read_text())["results"]
+    assert instant["requests"] == lan["requests"]  # the same arrivals
+    assert lan["latency_ms"]["p50"] >= instant["latency_ms"]["p50"] + 5  # 3 ms out, 3 ms back
 
 
 def test_a_warm_up_is_served_but_not_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

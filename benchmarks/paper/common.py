@@ -26,6 +26,26 @@ VARIANTS: Mapping[str, tuple[str, Mapping[str, object]]] = {
     "clockwork-by-cost": ("clockwork", {"share_by_cost": True}),  # shares by what a rate costs (cost_shares.py)
 }
 OUT = Path(os.environ.get("MAINSPRING_PAPER_OUT", "out/paper"))
+# 1x of Figs. 7-8's SLO sweeps in the authors' README; our profile's batch-1 time is 3.32 ms.
+AUTHORS_SLO_UNIT_MS = 2.9
+PROFILE_SLO_UNIT_MS = 3.32  # resnet50_v2's batch 1 in ``models/data/clockwork_v100.json``, for labels
+
+
+def add_slo_unit(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--slo-unit-ms",
+        type=float,
+        default=AUTHORS_SLO_UNIT_MS,
+        help=f"1x of the authors' setting's SLO sweep (default {AUTHORS_SLO_UNIT_MS:g}, their README's; 0: the "
+        f"profile's batch-1 time, {PROFILE_SLO_UNIT_MS:g} ms)",
+    )
+
+
+def slo_unit(ms: float) -> float | None:
+    """``--slo-unit-ms`` as ``SloSweep.unit_ms``: None (0 given) is the profile's batch-1 time."""
+    if ms < 0:
+        raise SystemExit(f"--slo-unit-ms must not be negative, got {ms:g}")
+    return ms or None
 
 
 def parser(doc: str, policies: Sequence[str] = POLICIES) -> argparse.ArgumentParser:

@@ -26,14 +26,18 @@ its plot follows it (`docs/paper/*.png`, copied from `out/paper/`).
   a log-normal factor exp(N(0, 0.02)), and with probability 1e-4 a spike of U(1.5, 3)x
   (`NoiseModel`, `worker/runtimes/emulated.py`), one seeded generator per device. The schedulers'
   estimates start from the same profile, so prediction is easier than on real GPUs.
-- The network takes no time (`SimulationConfig.network_latency_ns` 0) and no tensors are sent; the
-  authors sent real inputs. INFER5's network send gate is therefore not modelled.
+- The network takes no time (`SimulationConfig.network_latency_ns` 0; `mainspring simulate
+  --network-latency-us` sets it) and no tensors are sent; the authors sent real inputs. INFER5's send
+  gate (two actions on the wire) holds an action for the network's latency, so at 0 it never binds;
+  the authors' READMEs give their network's bandwidth (10 Gbit), no latency.
 - The controller takes no simulated time, except in Fig. 11's second table; theirs was C++ on its
   own machine.
 - `triton` and `clipper` are our reactive re-implementations (batches up to 16, a 2 ms queue delay,
   no admission), not the systems; INFaaS is not reproduced.
-- One SLO unit: 1x is the profile's batch-1 time, 3.32 ms for resnet50_v2; the authors' README says
-  2.9 ms, so each of our SLO steps in Figs. 7-8 is 14% looser than theirs.
+- The SLO unit: 1x of Figs. 7-8's sweeps in the authors' setting is their README's 2.9 ms
+  (`--slo-unit-ms`, the default since 2026-12-06), below our profile's batch-1 time of 3.32 ms for
+  resnet50_v2; elsewhere 1x is the profile's batch-1 time. A table measured in the profile's unit is
+  14% looser than theirs at every step; each section says which unit its tables use.
 - Closed-loop clients wait 10 ms after a rejection; the authors' clients resend at once.
 - Runs are minutes long and use one seed (1); the authors ran 10 minutes to 8 hours.
 - The paper's headline: "Clockwork can support thousands of models while simultaneously meeting

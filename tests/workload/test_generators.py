@@ -63,3 +63,13 @@ def test_slo_sweep_grows_by_a_factor_every_interval() -> None:
         assert a.slo_ns == min(8, 2**step) * b1
     with pytest.raises(ValueError, match="growth"):
         SloSweep(PoissonOpenLoop(1), growth=0.5)
+
+
+def test_slo_sweep_in_a_unit_of_its_own_gives_every_model_the_same_slo() -> None:
+    """The authors' SLO unit (2.9 ms for resnet50_v2 in their README), whatever the profiles say."""
+    sweep = SloSweep(PoissonOpenLoop(100), start_factor=1.0, growth=1.5, interval_s=1.0, unit_ms=2.9)
+    arrivals = list(sweep.arrivals(MODELS, 3 * NS_PER_S, random.Random(1)))
+    assert {a.slo_ns for a in arrivals if a.time_ns < NS_PER_S} == {ms_to_ns(2.9)}
+    assert {a.slo_ns for a in arrivals if a.time_ns >= 2 * NS_PER_S} == {ms_to_ns(2.9 * 2.25)}
+    with pytest.raises(ValueError, match="unit_ms"):
+        SloSweep(PoissonOpenLoop(1), unit_ms=0)

@@ -15,7 +15,16 @@ from mainspring.cli.bench import add_bench, run_bench
 from mainspring.cli.models import add_profile, add_zoo, run_profile, run_zoo
 from mainspring.cli.plan import add_plan, run_plan
 from mainspring.cli.serve import add_serve, add_worker, run_serve, run_worker
-from mainspring.cli.values import MAX_DEVICES, PAGE_MIB, POOL_GIB, SECONDS, OneLineParser, bounded_int, one_line
+from mainspring.cli.values import (
+    MAX_DEVICES,
+    NETWORK_LATENCY_US,
+    PAGE_MIB,
+    POOL_GIB,
+    SECONDS,
+    OneLineParser,
+    bounded_int,
+    one_line,
+)
 from mainspring.cli.workload import (
     CliError,
     add_noise_argument,
@@ -72,6 +81,13 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     add_noise_argument(p)
     p.add_argument("--device-memory-gib", type=POOL_GIB, default=32.0, help="weight pool per device (default 32)")
     p.add_argument("--page-mib", type=PAGE_MIB, default=16, help="page size (default 16 MiB)")
+    p.add_argument(
+        "--network-latency-us",
+        type=NETWORK_LATENCY_US,
+        default=0.0,
+        help="one way between the controller and each emulated worker, for actions and results alike; deadlines "
+        "keep it for the answer's trip back, and infer5's send gate holds an action that long (default 0)",
+    )
     p.add_argument(
         "--cells",
         type=bounded_int(0, MAX_DEVICES),
@@ -140,6 +156,7 @@ def _config(args: argparse.Namespace, device_kind: str) -> SimulationConfig:
         slo_ns=ms_to_ns(args.slo_ms),
         seed=args.seed,
         noise=NoiseModel.named(args.noise),
+        network_latency_ns=round(args.network_latency_us * 1_000),
     )
 
 

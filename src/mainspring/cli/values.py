@@ -29,6 +29,7 @@ MAX_SLO_MS = 86_400_000.0  # a day, as ``protocol.requests.slo_problem``
 # The shortest span and SLO taken: 1e-300 s passed as positive and was 0 ns once converted.
 MIN_S = 0.001
 MIN_SLO_MS = 0.001
+MAX_NETWORK_LATENCY_US = 1_000_000.0  # simulate: a second each way, past any SLO a run could keep
 MAX_CLIENTS = 10_000  # closed loop: clients x outstanding are all in flight at time 0
 MAX_OUTSTANDING = 100
 MAX_SEED = 2**63 - 1
@@ -171,3 +172,4 @@ PORT = bounded_int(0, MAX_PORT)
 SEED = bounded_int(0, MAX_SEED)
 POOL_GIB = finite_float(0, MAX_POOL_GIB, low_open=True)
 PAGE_MIB = bounded_int(1, MAX_PAGE_MIB)
+NETWORK_LATENCY_US = finite_float(0, MAX_NETWORK_LATENCY_US)

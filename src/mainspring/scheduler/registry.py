@@ -41,11 +41,14 @@ _FACTORIES: dict[str, SchedulerFactory] = {
     "clockwork": _clockwork(),
     # INFER4 keeps its own 5 ms buffer before every deadline; the baselines plan no deadlines.
     "infer4": lambda profiles, devices, rng, margin_ns: Infer4Scheduler(profiles, devices, rng),
-    # INFER5, the scheduler of the authors' Figs. 5-8 and 11: schedule-ahead 10 ms, batches of at most 8.
-    "infer5": lambda profiles, devices, rng, margin_ns: Infer5Scheduler(profiles, devices, rng),
+    # INFER5, the scheduler of the authors' Figs. 5-8 and 11: schedule-ahead 10 ms, batches of at most 8. Its
+    # send gate holds an action for the trip to its worker: the margin (the trip back, the same network).
+    "infer5": lambda profiles, devices, rng, margin_ns: Infer5Scheduler(
+        profiles, devices, rng, network_trip_ns=margin_ns
+    ),
     # The same with schedule-ahead 5 ms, as the authors ran it for Figs. 7, 8 and 11.
     "infer5-5ms": lambda profiles, devices, rng, margin_ns: Infer5Scheduler(
-        profiles, devices, rng, schedule_ahead_ns=5 * NS_PER_MS
+        profiles, devices, rng, network_trip_ns=margin_ns, schedule_ahead_ns=5 * NS_PER_MS
     ),
     "triton": lambda profiles, devices, rng, margin_ns: TritonScheduler(profiles, devices, ReactiveConfig()),
     "clipper": lambda profiles, devices, rng, margin_ns: ClipperScheduler(profiles, devices, ReactiveConfig()),

@@ -90,15 +90,15 @@ CLOCKWORK_COST = ControllerCost(
 FREE = ControllerCost(0, 0, 0, 0, 0, 0)
 
 # The live processes around the policy, fitted by ``benchmarks/live_cost_fit.py`` on
-# ``benchmarks/controller_cost_live.py``'s rows (one cell, 8 emulated V100s, 200 models, 100 ms SLO):
-# PROVISIONAL, fitted on 2026-12-06 on the loaded 2-core development machine (about 7 engineers' work beside
-# it), rates 100/200/300 r/s, 5 s each: ``controller_cost_live.py --rates 100,200,300 --seconds 5 --json rows.json``
-# then ``live_cost_fit.py rows.json``. Its absolute figures are inflated; re-fit on a quiet machine.
-# The frontend's refusal is not in the rows (none below the knee): a quarter of a served call, an estimate.
+# ``benchmarks/controller_cost_live.py``'s rows (one cell, 8 emulated V100s, 200 models, 100 ms SLO): fitted on
+# 2026-12-06 on the 2-core development machine, quiet (no other work), rates 300/600/900/1200 r/s, 8 s each,
+# ledger on and off: ``controller_cost_live.py --rates 300,600,900,1200 --seconds 8 --json rows.json`` then
+# ``live_cost_fit.py rows.json``; predicted/measured 0.93-1.22 (controller), 0.96-1.10 (frontend). The
+# frontend's refusal is not in the rows (none below the knee): a quarter of a served call, an estimate.
 LIVE_PROCESS_COST = ProcessCost(
-    request_ns=17_000, answer_ns=37_600, action_ns=164_800, result_ns=98_300, refusal_ns=37_600, background=0.1103
+    request_ns=19_500, answer_ns=44_100, action_ns=166_600, result_ns=80_400, refusal_ns=44_100, background=0.094
 )
-LIVE_FRONTEND_COST = FrontendCost(request_ns=162_700, refusal_ns=40_700, background=0.1391)
+LIVE_FRONTEND_COST = FrontendCost(request_ns=328_900, refusal_ns=82_200, background=0.1722)
 # What ``simulate --cells N`` charges by default: the policy's calls, the process around them, the frontend.
 LIVE_COST = replace(CLOCKWORK_COST, process=LIVE_PROCESS_COST, frontend=LIVE_FRONTEND_COST)
 

@@ -102,8 +102,15 @@ def main() -> None:
         "4,026 models (3 profiled kinds, copies), 6 emulated V100s, 100 ms SLO, "
         f"{duration:g} s from cold, default noise. **Differences:** a sample at x{args.scale:g} against the "
         "whole trace at x1; minutes against hours, the start counted; 3 kinds against 61; no inputs sent. "
-        '**Headline:** "meeting 100 ms latency targets for 99.9999% of requests" (abstract; arXiv v1 said '
-        "99.997%); Fig. 10 plots the prediction errors as CDFs. **Where the port falls short:** INFER4, the "
+        '**Headline:** "meeting 100 ms latency targets for 99.9999% of requests" (arXiv v2; the OSDI proceedings '
+        "and arXiv v1 say 99.997%: see the top of this page). **Functions to models:** the authors sort the "
+        "trace's functions by invocations and give each model a contiguous block of them, so many functions "
+        "share a model; here each of the sampled functions is split over 4-5 models, the inverse. The load "
+        "is about half of what the devices serve (the busy column). **Fig. 10 is circular here:** the "
+        "emulator's durations are the profile's times with noise, and the estimates start from the same "
+        "profile, so the errors below measure the emulator's noise model, not a GPU; the real figure needs "
+        "one (`make gpu-check` prints it). Fig. 10 plots the prediction errors as CDFs. "
+        "**Where the port falls short:** INFER4, the "
         "scheduler the authors ran here, misses more than one in a million on this window (the table: misses "
         "over requests); the paper's figure is for its own trace and hardware. Time series (goodput, latency, "
         "batch size, cold starts, models loaded, per 10 s): `out/paper/fig9.png`; error CDFs: `fig10.png`.",

@@ -50,6 +50,15 @@ def test_blocks_follow_clockwork_and_cover_every_model() -> None:
     blocks = model_blocks(900, 4026)
     covered = sorted(m for b in blocks for m in b)
     assert covered == list(range(4026))
+    authors = model_blocks(900, 4026, authors=True)  # Clockwork's own: one model a function, the rest idle
+    assert [b.start for b in authors] == [4026 * i // 900 for i in range(900)] and all(len(b) == 1 for b in authors)
+
+
+def test_the_authors_mapping_feeds_one_model_a_function_and_leaves_the_rest_idle() -> None:
+    models = model_copies(builtin_profiles(), 4026)
+    arrivals = list(AzureTrace(scale=2.0, authors_mapping=True).arrivals(models, 120 * NS_PER_S, random.Random(1)))
+    fed = {a.model for a in arrivals}
+    assert fed <= {models[4026 * i // 900].model for i in range(900)} and len(fed) > 100
 
 
 def test_replay_feeds_every_model_and_keeps_popularity_skewed() -> None:

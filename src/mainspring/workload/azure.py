@@ -9,6 +9,8 @@ When there are fewer functions than models (the bundled sample has 900), functio
 that every model receives traffic; within its block an arrival picks a model with
 Zipf(1) weights, so popularity stays skewed inside blocks as well as between them.
 With at least as many functions as models the block is the single Clockwork model.
+``AzureTrace(authors_mapping=True)`` keeps the authors' mapping whatever the counts: with fewer functions
+than models, the models no function maps to get no traffic.
 """
 
 from __future__ import annotations
@@ -103,12 +105,13 @@ def _counts(cells: list[str], where: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def model_blocks(n_functions: int, n_models: int) -> list[range]:
-    """The models each function (by popularity rank) feeds; see the module docstring."""
+def model_blocks(n_functions: int, n_models: int, authors: bool = False) -> list[range]:
+    """The models each function (by popularity rank) feeds; see the module docstring (``authors``: the single
+    model of Clockwork's mapping, also with fewer functions than models)."""
     blocks = []
     for i in range(n_functions):
         start = n_models * i // n_functions
-        stop = n_models * (i + 1) // n_functions
+        stop = start + 1 if authors else n_models * (i + 1) // n_functions
         blocks.append(range(start, max(stop, start + 1)))
     return blocks
 
@@ -123,6 +126,7 @@ class AzureTrace(Workload):
     scale: float = 1.0
     start_minute: int = 0
     ramp_to: float | None = None
+    authors_mapping: bool = False  # Clockwork's: a function feeds one model, also with fewer functions than models
     name = "azure"
     _functions: list[list[int]] = field(init=False, repr=False)
 
@@ -142,7 +146,7 @@ class AzureTrace(Workload):
 
     def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
         names = [m.model for m in models]
-        blocks = model_blocks(self.n_functions, len(names))
+        blocks = model_blocks(self.n_functions, len(names), self.authors_mapping)
         generator = np.random.default_rng(rng.getrandbits(64))
         minutes = -(-duration_ns // NS_PER_MINUTE)
         for minute in range(minutes):

@@ -69,12 +69,10 @@ class FrontendHub:
         self._applied: dict[bytes, int] = {}  # the last state each frontend said it answers from
         self._acked = asyncio.Event()
         self.gate = ArrivalGate(target_lag_ns(service.default_slo_ns), watching=shed)
-        self._shed_count: Any = None  # mainspring_rejections_total{outcome="overloaded"}, looked up once
         self.signal_models: frozenset[str] | None = None  # a cell's: None until the frontends say (then all)
         self._receive_part = service.ledger.part("receive")
         self._answer_part = service.ledger.part("answer")
         self._metrics_part = service.ledger.part("metrics")
-        self._calls_of: dict[bytes, Any] = {}  # a frontend's calls counter (a label lookup per call costs)
 
     @property
     def joined(self) -> int:
@@ -167,7 +165,6 @@ class FrontendHub:
             for stale in [k for k, name in self._frontends.items() if name == message.frontend]:
                 del self._frontends[stale]  # that process is gone: this is the one started after it
                 self._applied.pop(stale, None)
-                self._calls_of.pop(stale, None)
             self._frontends[key] = message.frontend
             log.info("frontend %s joined", message.frontend)
             self._send(key, self._state())
@@ -196,13 +193,9 @@ class FrontendHub:
     def _infer(self, identity: bytes, submit: Submit, samples: list[dict[str, Any]]) -> None:
         """Admit the call now; its answers go back when the last is made (no task per call: under load
         the loop's own work per task cost more than admitting)."""
+        metrics = self.service.metrics
         with self._metrics_part:
-            calls = self._calls_of.get(identity)
-            if calls is None:
-                calls = self._calls_of[identity] = self.service.metrics.frontend_calls.labels(
-                    self._frontends.get(identity, "?")
-                )
-            calls.inc()
+            metrics.child(metrics.frontend_calls, self._frontends.get(identity, "?")).inc()
 
         def answer(answers: list[Answer]) -> None:
             with self._answer_part:
@@ -212,9 +205,7 @@ class FrontendHub:
                 self._send(identity, reply, outputs)
 
         if not self.gate.admit():  # cheaper refused now than planned late
-            if self._shed_count is None:
-                self._shed_count = self.service.metrics.rejections.labels(Outcome.OVERLOADED.value)
-            self._shed_count.inc(len(samples))
+            metrics.child(metrics.rejections, Outcome.OVERLOADED.value).inc(len(samples))
             self._send(identity, Refused(submit.call, "overloaded", self.gate.reason()))
             return
         try:  # the call's time in the frontend counts against its deadline

@@ -238,10 +238,7 @@ class Cell:
         if self.gate is None or self.gate.admit():
             self.controller.submit(request)
             return
-        self.refused += 1
-        self.costed.refuse()
-        self.recorder.on_request(request, self._loop.now_ns())
-        self._answered(self._hook, request, Response(request.id, Outcome.OVERLOADED, self.gate.reason()), None)
+        self._refused(request, self.gate.reason(), self._loop.now_ns(), partial(self._answered, self._hook))
 
     def shutdown(self, reason: str, answer: AnswerHook) -> None:
         """The run is over: what the core still holds is answered (the requests it never took in too)."""
@@ -256,11 +253,15 @@ class Cell:
     def refuse(self, request: Request, lag_ns: int, now_ns: int, answer: AnswerHook) -> None:
         """Its controller is too far behind to take ``request``: refused before it reaches the policy."""
         self.requests += 1
+        reason = f"the controller is {lag_ns / NS_PER_MS:.0f} ms behind (max_loop_lag_ms)"
+        self._refused(request, reason, now_ns, partial(answer, self))
+
+    def _refused(self, request: Request, reason: str, now_ns: int, answer: Callable[..., None]) -> None:
+        """Refused ``overloaded`` before the policy sees it (the controller's load limits or its gate)."""
         self.refused += 1
         self.costed.refuse()
         self.recorder.on_request(request, now_ns)
-        reason = f"the controller is {lag_ns / NS_PER_MS:.0f} ms behind (max_loop_lag_ms)"
-        answer(self, request, Response(request.id, Outcome.OVERLOADED, reason), None)
+        answer(request, Response(request.id, Outcome.OVERLOADED, reason), None)
 
     def deliver(self, result: ActionResult) -> None:
         self.core.post(partial(self.controller.deliver, result))

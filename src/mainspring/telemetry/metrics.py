@@ -131,7 +131,7 @@ class ServingMetrics:
         self.devices = Gauge("mainspring_devices", "Connected devices", registry=r)
         self.models = Gauge("mainspring_models", "Models served", registry=r)
         self.model_stats: dict[str, ModelStats] = {}
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # ``_child``'s
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # ``child``'s
         self.triton = TritonMetrics()  # Triton's names beside ours (``docs/serving.md``)
         self.host = HostMetrics()  # Triton's CPU and GPU gauges
         self._busy: dict[int, deque[tuple[int, int]]] = {}  # device -> recent (begin, end) of infers
@@ -149,7 +149,7 @@ class ServingMetrics:
         return self.model_stats.setdefault(model, ModelStats())
 
     # --- ControllerObserver -------------------------------------------------------------
-    def _child(self, metric: Any, *values: str) -> Any:
+    def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, looked up once: ``labels`` takes a lock and builds its key on every call,
         which cost more than the increment on the paths each request and action takes."""
         key = (id(metric), values)
@@ -166,15 +166,15 @@ class ServingMetrics:
 
     def on_result(self, result: ActionResult, action: Action, now_ns: int) -> None:
         kind = action_kind(action)
-        self._child(self.actions, kind, result.status.value).inc()
+        self.child(self.actions, kind, result.status.value).inc()
         if isinstance(action, Infer):
             self.triton.on_result(result, action)
         if not result.ok or result.timing is None:
             return
         timing = result.timing
-        self._child(self.action_seconds, kind).observe(timing.duration_ns / NS_PER_S)
+        self.child(self.action_seconds, kind).observe(timing.duration_ns / NS_PER_S)
         error_s = (timing.duration_ns - action.expected_duration_ns) / NS_PER_S
-        self._child(self.prediction_error, kind).observe(error_s)
+        self.child(self.prediction_error, kind).observe(error_s)
         if isinstance(action, Infer):
             self._busy.setdefault(action.device, deque()).append((timing.begin_ns, timing.end_ns))
             stats = self.stats(client_name(action.model))
@@ -188,12 +188,12 @@ class ServingMetrics:
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
         self.triton.on_answer(request, response, now_ns)
         latency, model = now_ns - request.arrival_ns, client_name(request.model)  # one series across reloads
-        self._child(self.requests, model, response.status.value).inc()
+        self.child(self.requests, model, response.status.value).inc()
         stats = self.stats(model)
         if response.status is ResponseStatus.SUCCESS:
-            self._child(self.latency, model).observe(latency / NS_PER_S)
+            self.child(self.latency, model).observe(latency / NS_PER_S)
             if now_ns <= request.deadline_ns:
-                self._child(self.good, model).inc()
+                self.child(self.good, model).inc()
             stats.success_count += 1
             stats.success_ns += latency
             stats.last_inference_ns = now_ns

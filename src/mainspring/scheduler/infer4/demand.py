@@ -155,13 +155,16 @@ class LoadTracker:
         self._distribute(name)
 
     def load_finished(self, name: str, device: int, ok: bool) -> None:
-        m = self._model(name)
+        self._finish_load(self._model(name), device, ok)
+        self._distribute(name)
+
+    def _finish_load(self, m: _Model, device: int, ok: bool) -> None:
+        """A load on ``device`` ended: the model is used there now, or not there at all."""
         m.loading.discard(device)
         if ok:
             m.last_used[device] = self._next_seq()
         else:
             m.devices.discard(device)
-        self._distribute(name)
 
     def evicted(self, name: str, device: int) -> None:
         m = self._model(name)

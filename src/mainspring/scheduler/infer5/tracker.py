@@ -111,11 +111,7 @@ class DeferredLoadTracker(LoadTracker):
         for device in sorted(note.touched):
             m.last_used[device] = self._next_seq()
         for device, ok in note.loads:
-            m.loading.discard(device)
-            if ok:
-                m.last_used[device] = self._next_seq()
-            else:
-                m.devices.discard(device)
+            self._finish_load(m, device, ok)
         self._distribute(name)
 
     def forget(self, name: str) -> None:

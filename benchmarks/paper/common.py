@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mainspring.models.profile import ModelProfile, builtin_profiles, model_copies
 from mainspring.scheduler.registry import parse_policies
-from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
+from mainspring.sim.run import SimulationConfig, SimulationResult, Watcher, generate_arrivals, simulate
 from mainspring.workload import Arrival, Workload
 
 # INFER5 is the authors' scheduler for Figs. 5-8 and 11 (``infer5-5ms``: their schedule-ahead of 5 ms
@@ -72,18 +72,27 @@ def policies_from(text: str) -> list[str]:
 
 
 def run_policy(
-    name: str, models: Sequence[ModelProfile], workload: Workload, config: SimulationConfig, arrivals: Iterable[Arrival]
+    name: str,
+    models: Sequence[ModelProfile],
+    workload: Workload,
+    config: SimulationConfig,
+    arrivals: Iterable[Arrival],
+    watch: Watcher | None = None,
 ) -> SimulationResult:
     policy, settings = VARIANTS.get(name, (name, {}))
-    return simulate(policy, list(models), workload, config, arrivals, settings=settings or None)
+    return simulate(policy, list(models), workload, config, arrivals, settings=settings or None, watch=watch)
 
 
 def side_by_side(
-    policies: Sequence[str], models: Sequence[ModelProfile], workload: Workload, config: SimulationConfig
+    policies: Sequence[str],
+    models: Sequence[ModelProfile],
+    workload: Workload,
+    config: SimulationConfig,
+    watch: Callable[[str], Watcher | None] = lambda _policy: None,
 ) -> dict[str, SimulationResult]:
-    """Every policy on the identical arrival sequence."""
+    """Every policy on the identical arrival sequence; ``watch`` gives a policy's run a ``Watcher``."""
     arrivals = generate_arrivals(workload, list(models), config)
-    return {p: run_policy(p, models, workload, config, arrivals) for p in policies}
+    return {p: run_policy(p, models, workload, config, arrivals, watch(p)) for p in policies}
 
 
 def pyplot() -> Any:

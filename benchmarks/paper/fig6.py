@@ -8,17 +8,25 @@ loads and evictions; over time: active majors, loads per second, load-lane and e
 each class's attainment. Aim: the minor model at or above 99.9% while the majors cycle, with the
 load lane more than half busy.
 
-    .venv/bin/python benchmarks/paper/fig6.py [--duration-s 1200] [--lead-in-s 300] [--quick]
+    .venv/bin/python benchmarks/paper/fig6.py [--duration-s 1200] [--lead-in-s 300] [--quick] [--rows FILE]
+
+``--rows FILE`` appends each policy's counts per 60 s to FILE (a JSON line a bucket) as the run passes
+it, then the summary row: a long run cut short keeps what it reached.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from common import OUT, copies, markdown_table, parser, policies_from, side_by_side, write_section
 
-from mainspring.sim.run import SimulationConfig, SimulationResult
+from mainspring.sim.run import SimulationConfig, SimulationResult, Watcher
+from mainspring.telemetry.recorder import ActionRow, Recorder, RequestRow
 from mainspring.time import NS_PER_S, s_to_ns
 from mainspring.workload import Composition, Part, ProgressiveActivation
 from mainspring.workload.generators import PoissonOpenLoop
@@ -51,6 +59,12 @@ exec lane, limits them, and the minor model recovers over the run. Protecting it
 to shed past saturation (demand at the batch a model's rate fills, a class's share rather than a
 model's), which this page does not have."""
 AUTHORS_S = 75 * 60  # their run: a 5 min lead-in, then a model a second until 3,600, stopped at 75 min
+ROWS_BUCKET_S = 60.0
+# A request is answered by its deadline (100 ms) and an action reported soon after it ends: a bucket is
+# written once the clock is this far past its end (what is still missing then comes at the end).
+ROWS_LATE_S = 10.0
+# The whole run's results, measured once (not by ``make paper``): kept in the section when present.
+FULL_RUN = Path(__file__).with_name("fig6_full.md")
 
 
 @dataclass
@@ -63,32 +77,81 @@ class Bucket:
     minor: tuple[int, int] = (0, 0)  # requests, good
     major: tuple[int, int] = (0, 0)
 
+    def add_action(self, a: ActionRow) -> None:
+        if a.kind == "load":
+            self.loads += 1
+            self.load_ns += a.end_ns - a.begin_ns
+        elif a.kind == "evict":
+            self.evictions += 1
+        elif a.kind == "infer":
+            self.exec_ns += a.end_ns - a.begin_ns
+
+    def add_request(self, row: RequestRow, minor: bool) -> None:
+        n, good = self.minor if minor else self.major
+        if minor:
+            self.minor = (n + 1, good + row.good)
+        else:
+            self.major = (n + 1, good + row.good)
+
 
 def over_time(result: SimulationResult, bucket_s: float, duration_s: float) -> list[Bucket]:
     bucket_ns = int(bucket_s * NS_PER_S)
     buckets = [Bucket(i * bucket_s) for i in range(max(1, int(duration_s // bucket_s)))]
     for a in result.recorder.actions:
-        if a.status != "ok" or a.begin_ns // bucket_ns >= len(buckets):
-            continue
-        b = buckets[a.begin_ns // bucket_ns]
-        if a.kind == "load":
-            b.loads += 1
-            b.load_ns += a.end_ns - a.begin_ns
-        elif a.kind == "evict":
-            b.evictions += 1
-        elif a.kind == "infer":
-            b.exec_ns += a.end_ns - a.begin_ns
+        if a.status == "ok" and a.begin_ns // bucket_ns < len(buckets):
+            buckets[a.begin_ns // bucket_ns].add_action(a)
     for row in result.recorder.requests:
         index = row.arrival_ns // bucket_ns
         if index < len(buckets):
-            b = buckets[index]
-            label = result.labels.get(row.request_id)
-            n, good = b.minor if label == "minor" else b.major
-            if label == "minor":
-                b.minor = (n + 1, good + row.good)
-            else:
-                b.major = (n + 1, good + row.good)
+            buckets[index].add_request(row, result.labels.get(row.request_id) == "minor")
     return buckets
+
+
+class RowsFile:
+    """A ``Watcher`` that appends a policy's buckets to a file as the run passes them: the same counts as
+    ``over_time``, read from the recorders each simulated second (the minor model is the first model)."""
+
+    def __init__(self, path: Path, policy: str, minor: str, duration_s: float, majors: ProgressiveActivation) -> None:
+        self.path, self.policy, self.minor, self.majors = path, policy, minor, majors
+        self.buckets = [Bucket(i * ROWS_BUCKET_S) for i in range(max(1, int(duration_s // ROWS_BUCKET_S)))]
+        self.read: list[tuple[int, int]] = []  # per recorder: actions, requests read so far
+        self.written = 0
+        self.started = 0.0  # when its run first calls: the policies of one process run one after another
+
+    def __call__(self, now_ns: int, recorders: Sequence[Recorder]) -> None:
+        bucket_ns = s_to_ns(ROWS_BUCKET_S)
+        self.started = self.started or time.perf_counter()
+        self.read += [(0, 0)] * (len(recorders) - len(self.read))
+        for index, recorder in enumerate(recorders):
+            actions, requests = self.read[index]
+            for a in recorder.actions[actions:]:
+                if a.status == "ok" and a.begin_ns // bucket_ns < len(self.buckets):
+                    self.buckets[a.begin_ns // bucket_ns].add_action(a)
+            for row in recorder.requests[requests:]:
+                if row.arrival_ns // bucket_ns < len(self.buckets):
+                    self.buckets[row.arrival_ns // bucket_ns].add_request(row, row.model == self.minor)
+            self.read[index] = (len(recorder.actions), len(recorder.requests))
+        while self.written < len(self.buckets) and (self.written + 1) * bucket_ns + s_to_ns(ROWS_LATE_S) <= now_ns:
+            self.write(self.buckets[self.written])
+            self.written += 1
+
+    def finish(self, result: SimulationResult, summary: list[object]) -> None:
+        """The buckets the run ended before passing, exact from the whole result, then the summary row."""
+        for bucket in over_time(result, ROWS_BUCKET_S, len(self.buckets) * ROWS_BUCKET_S)[self.written :]:
+            self.write(bucket)
+        self.append({"policy": self.policy, "summary": [str(cell) for cell in summary], "wall_s": self.wall_s})
+
+    def write(self, bucket: Bucket) -> None:
+        active = self.majors.active_at(s_to_ns(bucket.start_s), MAJORS)
+        self.append({"policy": self.policy, "active_majors": active, **asdict(bucket), "wall_s": self.wall_s})
+
+    @property
+    def wall_s(self) -> float:
+        return round(time.perf_counter() - self.started, 1)
+
+    def append(self, line: dict[str, object]) -> None:
+        with self.path.open("a") as out:
+            out.write(json.dumps(line) + "\n")
 
 
 def attainment(counts: tuple[int, int]) -> str:
@@ -114,6 +177,7 @@ def main() -> None:
     p = parser(__doc__, POLICIES)
     p.add_argument("--duration-s", type=float, default=1200.0, help=f"the authors ran {AUTHORS_S} s")
     p.add_argument("--lead-in-s", type=float, default=300.0, help="the minor model alone first (theirs: 300 s)")
+    p.add_argument("--rows", type=Path, help=f"append the counts per {ROWS_BUCKET_S:g} s here as the run goes")
     args = p.parse_args()
     duration, lead_in = (60.0, 10.0) if args.quick else (args.duration_s, args.lead_in_s)
     policies = policies_from(args.policy)
@@ -124,7 +188,9 @@ def main() -> None:
     page_bytes = SimulationConfig(duration_ns=1).page_bytes
     pool = FIT * math.ceil(models[0].weights_bytes / page_bytes) * page_bytes
     config = SimulationConfig(duration_ns=s_to_ns(duration), devices=1, pool_bytes=pool, seed=1)
-    results = side_by_side(policies, models, workload, config)
+    watchers = {p: RowsFile(args.rows, p, names[0], duration, majors) for p in policies} if args.rows else {}
+    watch: dict[str, Watcher] = dict(watchers)
+    results = side_by_side(policies, models, workload, config, watch.get)
     rows = []
     for policy, r in results.items():
         rep = r.report
@@ -132,6 +198,8 @@ def main() -> None:
         rows.append([policy, f"{rep.by_label['minor']['slo_attainment']:.3%}", full_minor,
                      f"{rep.by_label['major']['slo_attainment']:.3%}", f"{rep.goodput_rps:.0f}", rep.cold_starts,
                      f"{rep.loads} / {rep.evictions}", full_load])  # fmt: skip
+        if policy in watchers:
+            watchers[policy].finish(r, rows[-1])
     bucket = max(duration / 20, 1.0)
     first = policies[0]
     series = {p: over_time(r, bucket, duration) for p, r in results.items()}
@@ -161,7 +229,7 @@ def main() -> None:
         markdown_table(header, rows)
         + f"\n\nOver time (per {bucket:g} s; plot: `out/paper/fig6.png`):\n\n"
         + markdown_table(series_header, series_rows),
-        NOTES.format(duration=f"{duration:g}"),
+        NOTES.format(duration=f"{duration:g}") + (f"\n\n{FULL_RUN.read_text().strip()}" if FULL_RUN.exists() else ""),
     )
 
 

@@ -93,6 +93,9 @@ class SimulationResult:
 
 
 ProgressHook = Callable[[int], None]
+# Each simulated second: the time and the run's recorders so far (one, or one a cell and the frontends'),
+# for a long run to write its results as it goes.
+Watcher = Callable[[int, Sequence[Recorder]], None]
 SchedulerWrapper = Callable[[Scheduler], Scheduler]  # e.g. to time or trace the policy
 
 
@@ -215,6 +218,9 @@ class _Run(_Arrivals):
 
     def answered(self) -> list[list[RequestRow]]:
         return [self.recorder.requests]
+
+    def recorders(self) -> list[Recorder]:
+        return [self.recorder]
 
     def shutdown(self, reason: str) -> None:
         self.controller.shutdown(reason)
@@ -355,9 +361,12 @@ class _CellsRun(_Arrivals):
         for cell in self.cells:
             cell.shutdown(reason, self._answered)
 
+    def recorders(self) -> list[Recorder]:
+        return [*(cell.recorder for cell in self.cells), self.frontends.recorder]
+
     def merged_recorder(self) -> Recorder:
         merged = Recorder()
-        for recorder in [*(cell.recorder for cell in self.cells), self.frontends.recorder]:
+        for recorder in self.recorders():
             merged.requests.extend(recorder.requests)
             merged.actions.extend(recorder.actions)
             merged.received += recorder.received
@@ -400,12 +409,14 @@ def simulate(
     settings: Mapping[str, object] | None = None,
     cells: CellsConfig | None = None,
     miss_budget: int | None = None,
+    watch: Watcher | None = None,
 ) -> SimulationResult:
     """Run ``policy`` on ``arrivals`` (default: generated from ``workload``) and report; ``settings``
     change the clockwork policy's defaults (``ClockworkConfig`` field: value). With ``cells``, the
     devices are split into cells, each with a controller core whose CPU time is on the clock. With
     ``miss_budget``, the run stops (checked every simulated second) once more counted requests than
-    that have missed their SLO: a search over configurations learns a miss without paying for it."""
+    that have missed their SLO: a search over configurations learns a miss without paying for it.
+    ``watch`` reads the recorders each simulated second (it must not change them)."""
     if miss_budget is not None and miss_budget < 0:
         raise ValueError(f"miss_budget must not be negative, got {miss_budget}")
     started = time.perf_counter()
@@ -426,6 +437,8 @@ def simulate(
             run.loop.run(until_ns=horizon, stop=run.done)
             if progress is not None:
                 progress(min(run.loop.now_ns(), config.arrival_window_ns))
+            if watch is not None:
+                watch(run.loop.now_ns(), run.recorders())
             finished = run.done() or horizon >= limit
             if miss_budget is not None and not finished and misses.update(run.answered()) > miss_budget:
                 stopped_after = misses.missed

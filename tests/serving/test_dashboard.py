@@ -1,17 +1,21 @@
 """The built-in live page, in a real headless browser (Debian's chromium through Selenium and the
-system chromedriver: nothing is downloaded), against a real server under load."""
+system chromedriver: nothing is downloaded), against a real server under load: every panel checked in the
+DOM, and a screenshot of it kept in ``out/screenshots/`` for a person to look at."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from mainspring.models.repository import ModelRepository
 from tests.serving.processes import ServerProcess, http_call
+from tests.serving.test_cells_serve import TwoCells, infer
 from tests.serving.test_worker_loss import body
 from tests.waiting import wait_for
 
@@ -20,6 +24,8 @@ pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
     reason="needs Debian's chromium and chromium-driver (the Makefile's set-up installs them)",
 )
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "out" / "screenshots"
+VIEW_KEYS = {"seconds", "devices", "actions", "misses", "explained", "models", "pools", "loop_lag_ms"}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +47,13 @@ def browser() -> Iterator[object]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1200,1500",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
     try:
@@ -50,29 +62,66 @@ def browser() -> Iterator[object]:
         driver.quit()
 
 
-def test_the_timeline_data_and_its_bad_parameter(server: ServerProcess) -> None:
-    url = f"http://{server.http}/dashboard/timeline"
-    status, reply = http_call(f"{url}?seconds=lots")
+class Page:
+    """The live page in the browser, read through its ``data-*`` attributes."""
+
+    def __init__(self, driver: object, address: str) -> None:
+        self.driver = driver
+        driver.get(f"http://{address}/dashboard")  # type: ignore[attr-defined]
+
+    def count(self, selector: str) -> int:
+        from selenium.webdriver.common.by import By
+
+        return len(self.driver.find_elements(By.CSS_SELECTOR, selector))  # type: ignore[attr-defined]
+
+    def attribute(self, selector: str, name: str) -> str:
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_element(By.CSS_SELECTOR, selector).get_attribute(name) or ""  # type: ignore[attr-defined]
+
+    def text(self, selector: str) -> str:
+        from selenium.webdriver.common.by import By
+
+        return str(self.driver.find_element(By.CSS_SELECTOR, selector).text)  # type: ignore[attr-defined]
+
+    @property
+    def updates(self) -> int:
+        return int(self.attribute("#summary", "data-updates") or 0)
+
+    def screenshot(self, name: str) -> Path:
+        """The whole page as a PNG under ``out/screenshots/`` (kept after the run: its path is printed)."""
+        height = self.driver.execute_script("return document.body.scrollHeight")  # type: ignore[attr-defined]
+        self.driver.set_window_size(1200, max(900, int(height) + 40))  # type: ignore[attr-defined]
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / name
+        assert self.driver.save_screenshot(str(path)), path  # type: ignore[attr-defined]
+        print(f"the live page's screenshot: {path}")
+        return path
+
+
+def test_the_page_is_served_from_the_package_and_its_data_and_bad_parameter(server: ServerProcess) -> None:
+    base = f"http://{server.http}/dashboard"
+    status, page = http_call(base)
+    assert status == 200
+    sources = re.findall(rb'(?:src|href)="([^"]+)"', page)
+    assert sources and all(s.startswith(b"/dashboard/") for s in sources), sources  # nothing from elsewhere
+    for source in sources:
+        status, text = http_call(f"http://{server.http}{source.decode()}")
+        assert status == 200 and b"https://" not in text
+    assert http_call(f"{base}/nothing.js")[0] == 404
+    status, reply = http_call(f"{base}/timeline?seconds=lots")
     assert status == 400 and "'seconds'" in json.loads(reply)["error"]
-    assert http_call(f"{url}?seconds=1e9")[0] == 400
-    status, reply = http_call(f"{url}?seconds=5")
+    assert http_call(f"{base}/timeline?seconds=1e9")[0] == 400
+    status, reply = http_call(f"{base}/timeline?seconds=5")
     data = json.loads(reply)
-    assert status == 200 and data["devices"] == [0] and set(data) == {"seconds", "devices", "actions", "misses"}
+    assert status == 200 and data["devices"] == [0] and set(data) == VIEW_KEYS
+    assert {m["model"] for m in data["models"]} >= {"mlp", "bert_tiny"}
+    assert [p["device"] for p in data["pools"]] == [0] and data["pools"][0]["total_pages"] > 0
 
 
-def test_the_page_draws_each_lane_and_updates_under_load(server: ServerProcess, browser: object) -> None:
-    from selenium.webdriver.common.by import By
-
-    driver = browser
-    driver.get(f"http://{server.http}/dashboard")  # type: ignore[attr-defined]
-
-    def updates() -> int:
-        return int(driver.find_element(By.ID, "summary").get_attribute("data-updates") or 0)  # type: ignore[attr-defined]
-
-    def marks(selector: str) -> int:
-        return len(driver.find_elements(By.CSS_SELECTOR, selector))  # type: ignore[attr-defined]
-
-    wait_for(lambda: updates() >= 1 and marks('svg[data-device="0"]') == 1)
+def test_every_panel_under_load_and_a_miss_explained(server: ServerProcess, browser: object) -> None:
+    page = Page(browser, server.http)
+    wait_for(lambda: page.updates >= 1 and page.count('svg[data-device="0"]') == 1)
     stop = threading.Event()
 
     def load() -> None:  # steady requests to two models: infers on the exec lane, loads on the load lane
@@ -83,17 +132,57 @@ def test_the_page_draws_each_lane_and_updates_under_load(server: ServerProcess, 
     client = threading.Thread(target=load)
     client.start()
     try:
-        wait_for(lambda: marks('rect[data-lane="exec"][data-status="ok"][data-model="bert_tiny"]') > 0)
-        wait_for(lambda: marks('rect[data-lane="load"][data-kind="load"]') > 0)
-        before = updates()
-        wait_for(lambda: updates() >= before + 3)  # it keeps polling while the load runs
-        assert marks('rect[data-lane="exec"][data-model="mlp"]') > 0
-        # A request that cannot make its SLO is rejected at once: a miss on the page.
+        # Lanes: each action where it ran under the window it was predicted for, on a time axis.
+        wait_for(
+            lambda: page.count('rect[data-mark="actual"][data-lane="exec"][data-status="ok"][data-model="bert_tiny"]')
+        )
+        wait_for(lambda: page.count('rect[data-mark="actual"][data-lane="load"][data-kind="load"]') > 0)
+        assert page.count('rect[data-mark="predicted"][data-lane="exec"][data-model="mlp"]') > 0
+        assert page.count('svg[data-device="0"] line[data-tick]') == 6  # 0, 2, ..., 10 s before now
+        assert "now" in page.text('svg[data-device="0"]') and "-10 s" in page.text('svg[data-device="0"]')
+        # Models: rate, attainment, p50 and p99, where each is held, when last used.
+        wait_for(lambda: float(page.attribute('tr[data-model="mlp"]', "data-rate") or 0) > 0)
+        wait_for(lambda: page.attribute('tr[data-model="bert_tiny"]', "data-resident") == "0")
+        row = 'tr[data-model="mlp"]'
+        assert float(page.attribute(row, "data-attained")) == 1.0
+        assert 0 < float(page.attribute(row, "data-p50")) <= float(page.attribute(row, "data-p99"))
+        assert float(page.attribute(row, "data-last-used")) >= 0
+        # Pool use: the device's pages its models hold.
+        used = int(page.attribute('div.pool[data-device="0"]', "data-used"))
+        assert 0 < used <= int(page.attribute('div.pool[data-device="0"]', "data-total"))
+        assert "bert_tiny" in page.text('div.pool[data-device="0"]')
+        # The controller's loop lag.
+        assert float(page.attribute("#loop-lag", "data-ms")) >= 0 and "loop lag" in page.text("#loop-lag")
+        # A request that cannot make its SLO is rejected at once: a miss on the page, explained, and counted.
         rejected = json.dumps({**json.loads(body("mlp")), "parameters": {"slo_ms": 0.01}}).encode()
         assert http_call(f"http://{server.http}/v2/models/mlp/infer", rejected)[0] == 503
-        wait_for(lambda: marks('rect[data-miss="deadline_at_arrival"][data-model="mlp"]') > 0)
-        summary = driver.find_element(By.ID, "counts").text  # type: ignore[attr-defined]
+        wait_for(lambda: page.count('rect[data-miss="deadline_at_arrival"][data-model="mlp"]') > 0)
+        explained = '#explained li[data-model="mlp"][data-outcome="deadline_at_arrival"]'
+        wait_for(lambda: page.count(explained) == 1)
+        assert page.attribute(explained, "data-cause") == "rejected at arrival: the deadline could not be met"
+        assert "rejected at arrival" in page.text(explained)
+        assert "deadline_at_arrival:1" in page.attribute(row, "data-rejections")
+        before = page.updates
+        wait_for(lambda: page.updates >= before + 3)  # it keeps polling while the load runs
+        summary = page.text("#counts")
         assert "1 device(s)" in summary and "misses" in summary
+        assert page.count("#cells tr[data-cell]") == 0  # one controller: no cells
+        assert page.screenshot("dashboard.png").stat().st_size > 10_000
     finally:
         stop.set()
         client.join(60)
+
+
+def test_with_cells_each_cells_loop_lag_and_devices(tmp_path: Path, browser: object) -> None:
+    cells = TwoCells(tmp_path, "--slo-ms", "2000")
+    try:
+        for i in range(20):
+            assert infer(cells.server, cells.models[i % len(cells.models)], i)[0] == 200
+        page = Page(browser, cells.server.http)
+        wait_for(lambda: page.count("#cells tr[data-cell]") == 2)
+        assert all(float(page.attribute(f'#cells tr[data-cell="{i}"]', "data-lag-ms")) >= 0 for i in (0, 1))
+        wait_for(lambda: page.count("div.pool[data-device]") == 2 and page.count("tr[data-model][data-cell]") > 0)
+        assert page.count('svg[data-device="0"]') == 1 and page.count('svg[data-device="1000"]') == 1
+        page.screenshot("dashboard-cells.png")
+    finally:
+        cells.close()

@@ -30,6 +30,7 @@ from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.protocol.tensors import Sample, TensorSpec
 from mainspring.scheduler.base import Forecasts, Membership, Warms
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
+from mainspring.telemetry.live_view import ModelWindow, device_pools, model_rows
 from mainspring.telemetry.metrics import ModelStats, ServingMetrics
 from mainspring.telemetry.recorder import LogWriter
 from mainspring.telemetry.timeline import Timeline
@@ -79,7 +80,8 @@ class ControllerService:
         # The simulator's request and action logs, for ``mainspring analyze``.
         self.logs = LogWriter(log_dir, f"live-{time.strftime('%Y%m%d-%H%M%S')}") if log_dir is not None else None
         self.timeline = Timeline()  # the live page's last seconds of every lane
-        observers: tuple[ControllerObserver, ...] = (self.metrics, self.timeline)
+        self.model_window = ModelWindow()  # and its per-model panel
+        observers: tuple[ControllerObserver, ...] = (self.metrics, self.timeline, self.model_window)
         observers += () if self.logs is None else (self.logs,)
         # Spans for the requests whose calls carry a sampled traceparent (``infer``'s ``traceparent``).
         self.traces: RequestTraces | None = None
@@ -290,8 +292,17 @@ class ControllerService:
             self.metrics.client_disconnects.labels(frontend, transport, cause).inc(count)
 
     async def timeline_view(self, seconds: float) -> dict[str, Any]:
-        """The live page's data: every device's lanes over the last ``seconds``."""
-        return self.timeline.snapshot(self.clock.now_ns(), seconds, self.device_ids)
+        """The live page's data: every device's lanes over the last ``seconds``, the last misses explained,
+        each model's traffic and where it is held, each device's pool, and the event loop's lag."""
+        now = self.clock.now_ns()
+        view = self.timeline.snapshot(now, seconds, self.device_ids)
+        default_slo_ms = self.default_slo_ns / 1e6
+        served = {m.key: (name, m.profile, m.config.slo_ms or default_slo_ms) for name, m in self.models.items()}
+        held = self.timeline.held
+        view["models"] = model_rows(self.model_window, held, served, now, seconds)
+        view["pools"] = device_pools(self.connected.specs, held, served)
+        view["loop_lag_ms"] = round(self.load_limits.loop_lag_ns / 1e6, 3)
+        return view
 
     # --- repository ---------------------------------------------------------------------------
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:

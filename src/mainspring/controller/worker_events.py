@@ -21,6 +21,7 @@ from mainspring.protocol import ActionResult, DeviceSpec
 from mainspring.protocol.models import ModelInfo, ModelOperation, ModelReply, ModelTarget
 from mainspring.scheduler.base import Membership
 from mainspring.telemetry.metrics import ServingMetrics
+from mainspring.telemetry.timeline import Timeline
 from mainspring.time import NS_PER_S, Clock
 from mainspring.transport.links import WorkerHandle
 
@@ -35,6 +36,7 @@ class WorkerHost(Protocol):
     lifecycle: ModelLifecycle
     load_limits: ServerLoadLimits
     metrics: ServingMetrics
+    timeline: Timeline
     clock: Clock
 
     @property
@@ -91,6 +93,7 @@ class WorkerEventHandler:
         host = self._host
         for spec in host.connected.add_devices(handle, devices):
             host.policy.add_device(spec)
+            host.timeline.add_device(spec.device, spec.resident, host.clock.now_ns())
         host.update_gauges()
         host.announce_soon()
         held = sum(len(spec.resident) for spec in devices)
@@ -168,6 +171,7 @@ class WorkerEventHandler:
         host = self._host
         for global_id in host.connected.remove(handle):
             host.controller.remove_device(global_id)
+            host.timeline.remove_device(global_id)
         host.update_gauges()
         host.announce_soon()
         log.warning("worker %s lost; %d device(s) left", handle.name, host.device_count)

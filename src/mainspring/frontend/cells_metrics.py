@@ -26,15 +26,24 @@ def summed_statistics(stats: Sequence[ModelStats | BaseException]) -> ModelStats
 
 
 def merged_timeline(seconds: float, views: Sequence[tuple[int, object]]) -> dict[str, Any]:
-    """The live page's data of every cell that answered (each view with its cell's index)."""
-    merged: dict[str, Any] = {"seconds": seconds, "devices": [], "actions": [], "misses": []}
+    """The live page's data of every cell that answered (each view with its cell's index): devices numbered
+    apart, each model's row and each miss with its cell, the loop lag per cell and the worst as the server's."""
+    merged: dict[str, Any] = {"seconds": seconds, "devices": [], "actions": [], "misses": [], "explained": []}
+    merged |= {"models": [], "pools": [], "loop_lag_ms": 0.0, "cells": []}
     for index, view in views:
         if not isinstance(view, dict):
             continue
         offset = index * DEVICE_ID_STRIDE
         merged["devices"] += [offset + d for d in view["devices"]]
         merged["actions"] += [{**a, "device": offset + a["device"], "cell": index} for a in view["actions"]]
-        merged["misses"] += view["misses"]
+        for part in ("misses", "explained"):
+            merged[part] += [{**m, "cell": index} for m in view[part]]
+        for model in view["models"]:
+            merged["models"].append({**model, "cell": index, "resident": [offset + d for d in model["resident"]]})
+        merged["pools"] += [{**p, "device": offset + p["device"], "cell": index} for p in view["pools"]]
+        merged["cells"].append({"cell": index, "loop_lag_ms": view["loop_lag_ms"], "devices": len(view["devices"])})
+        merged["loop_lag_ms"] = max(merged["loop_lag_ms"], view["loop_lag_ms"])
+    merged["explained"].sort(key=lambda m: -m["at_ms"])  # the latest first, as each cell's
     return merged
 
 

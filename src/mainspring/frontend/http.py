@@ -19,6 +19,7 @@ from aiohttp import web
 
 from mainspring.frontend.access import UNAUTHORIZED, http_scope
 from mainspring.frontend.connections import ConnectionWatch, WatchedSite, ensure_descriptors
+from mainspring.frontend.dashboard import asset as dashboard_asset
 from mainspring.frontend.dashboard import page as dashboard_page
 from mainspring.frontend.dashboard import timeline_seconds
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
@@ -384,6 +385,7 @@ def make_app(plane: DataPlane) -> web.Application:
         get("/metrics", metrics),
         get("/dashboard", dashboard_page),
         get("/dashboard/timeline", dashboard_timeline),
+        get("/dashboard/{asset}", dashboard_asset),
         get("/v2/models/stats", model_stats),
         get(model, model_metadata),
         get(versioned, model_metadata),

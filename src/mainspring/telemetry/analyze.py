@@ -28,6 +28,7 @@ import csv
 import logging
 import re
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,17 +126,12 @@ def read_run(directory: Path, run: str) -> tuple[list[dict[str, str]], dict[int,
 
 def analyze(directory: Path, run: str) -> Analysis:
     requests, actions = read_run(directory, run)
-    loads: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
-    holdings = Holdings()
+    loads, holdings = loads_and_holdings(actions.values())
     refused: collections.Counter[str] = collections.Counter()
     errors = []
     for action in actions.values():
         if action["status"] != "ok":
             refused[f"{action['kind']}: {_FIGURE.sub('N', action['message'][:80])}"] += 1
-            continue
-        holdings.record(action)
-        if action["kind"] == "load":
-            loads[action["model"]].append((int(action["sent_ns"]), int(action["end_ns"])))
         elif action["kind"] == "infer":
             errors.append(ns_to_ms(int(action["end_ns"]) - int(action["begin_ns"]) - int(action["expected_ns"])))
     causes: dict[str, Cause] = collections.defaultdict(Cause)
@@ -148,7 +144,7 @@ def analyze(directory: Path, run: str) -> Analysis:
         entry = causes[cause]
         entry.count += 1
         entry.models[request["model"]] += 1
-        entry.example = entry.example or f"request {request['request_id']}: {_detail(request, actions)[:120]}"
+        entry.example = entry.example or f"request {request['request_id']}: {detail_of(request, actions)[:120]}"
     ordered = dict(sorted(causes.items(), key=lambda item: -item[1].count))
     windows = speed_over_time(requests, actions)
     return Analysis(run, len(requests), good, ordered, refused, errors, windows)
@@ -157,7 +153,19 @@ def analyze(directory: Path, run: str) -> Analysis:
 _FIGURE = re.compile(r"\d+(\.\d+)?")
 
 
-def _detail(request: dict[str, str], actions: dict[int, dict[str, str]]) -> str:
+def loads_and_holdings(actions: Iterable[dict[str, str]]) -> tuple[dict[str, list[tuple[int, int]]], Holdings]:
+    """Each model's loads that ran (sent, end) and where models were held, from the action log's rows."""
+    loads: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    holdings = Holdings()
+    for action in actions:
+        if action["status"] == "ok":
+            holdings.record(action)
+            if action["kind"] == "load":
+                loads[action["model"]].append((int(action["sent_ns"]), int(action["end_ns"])))
+    return loads, holdings
+
+
+def detail_of(request: dict[str, str], actions: dict[int, dict[str, str]]) -> str:
     """The request's reason; for one served late (which has none), how late, and its batch's time against the plan."""
     if request["reason"] or request["status"] != SUCCESS:
         return request["reason"]

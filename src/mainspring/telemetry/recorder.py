@@ -85,20 +85,12 @@ class Recorder:
 
     def on_result(self, result: ActionResult, action: Action, now_ns: int) -> None:
         sent = self._sent.pop(action.action_id)
-        timing = result.timing
-        begin, end = (timing.begin_ns, timing.end_ns) if timing is not None else (-1, -1)
-        batch_size, n_requests = (action.batch_size, len(action.request_ids)) if isinstance(action, Infer) else (0, 0)
-        self.actions.append(
-            ActionRow(
-                action.action_id, action_kind(action), action.device, action.model, batch_size, n_requests,
-                sent.sent_ns, action.earliest_ns, action.latest_ns, action.expected_duration_ns,
-                result.status.value, begin, end, now_ns, result.message,
-            )
-        )  # fmt: skip
+        row = action_row(action, sent.sent_ns, result, now_ns)
+        self.actions.append(row)
         if not result.ok:
             return
         if isinstance(action, LoadWeights):
-            self._loaded_end_ns[(action.device, action.model)] = end
+            self._loaded_end_ns[(action.device, action.model)] = row.end_ns
         elif isinstance(action, Infer):
             loaded = self._loaded_end_ns.get((action.device, action.model), -1)
             for request_id in action.request_ids:
@@ -110,13 +102,7 @@ class Recorder:
         self._open.pop(request.id, None)
         cold = request.id in self._cold
         self._cold.discard(request.id)
-        action_id = -1 if response.action_id is None else response.action_id
-        self.requests.append(
-            RequestRow(
-                request.id, request.model, request.arrival_ns, request.deadline_ns, now_ns,
-                response.status.value, response.reason, action_id, cold, response.outcome.value,
-            )
-        )  # fmt: skip
+        self.requests.append(request_row(request, response, now_ns, cold))
 
     def write_logs(self, directory: Path, prefix: str) -> tuple[Path, Path]:
         """Write ``<prefix>-requests.tsv`` and ``<prefix>-actions.tsv``; returns both paths."""
@@ -126,6 +112,32 @@ class Recorder:
         _write_tsv(request_path, REQUEST_COLUMNS, sorted(self.requests))
         _write_tsv(action_path, ACTION_COLUMNS, sorted(self.actions))
         return request_path, action_path
+
+
+def action_row(action: Action, sent_ns: int, result: ActionResult, now_ns: int) -> ActionRow:
+    """The action log's row of ``action``, sent at ``sent_ns``, as ``result`` reported it at ``now_ns``."""
+    timing = result.timing
+    begin, end = (timing.begin_ns, timing.end_ns) if timing is not None else (-1, -1)
+    batch_size, n_requests = (action.batch_size, len(action.request_ids)) if isinstance(action, Infer) else (0, 0)
+    return ActionRow(
+        action.action_id, action_kind(action), action.device, action.model, batch_size, n_requests,
+        sent_ns, action.earliest_ns, action.latest_ns, action.expected_duration_ns,
+        result.status.value, begin, end, now_ns, result.message,
+    )  # fmt: skip
+
+
+def request_row(request: Request, response: Response, now_ns: int, cold: bool) -> RequestRow:
+    """The request log's row of ``request``, answered with ``response`` at ``now_ns``."""
+    action_id = -1 if response.action_id is None else response.action_id
+    return RequestRow(
+        request.id, request.model, request.arrival_ns, request.deadline_ns, now_ns,
+        response.status.value, response.reason, action_id, cold, response.outcome.value,
+    )  # fmt: skip
+
+
+def as_text(row: RequestRow | ActionRow) -> dict[str, str]:
+    """A row as its TSV log has it, read back (what ``mainspring analyze`` works on)."""
+    return {column: _cell(value) for column, value in zip(row._fields, row, strict=True)}
 
 
 def _write_tsv(path: Path, columns: Iterable[str], rows: Iterable[Sequence[object]]) -> None:

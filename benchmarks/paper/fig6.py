@@ -33,6 +33,8 @@ from mainspring.workload.generators import PoissonOpenLoop
 
 MAJORS = 3600
 FIT = 201  # resnet50_v2 copies the paper's V100 held (its 32 GiB less the workspace); our 32 GiB pool holds 292
+SUMMARY_HEADER = ["policy", "minor", "minor once memory is full", "major", "goodput r/s", "cold starts",
+                  "loads / evictions", "load lane busy once full"]  # fmt: skip
 SERIES_HEADER = ["from s", "active majors", "loads/s", "load lane", "exec lane", "minor", "major"]
 # INFER5 is the authors' scheduler here; INFER4's load tracker scans every model with demand at each
 # load, and here every load evicts: its run does not end in an hour, and the reactive baselines have
@@ -213,8 +215,6 @@ def main() -> None:
         series_rows.append(row)
     series_header = SERIES_HEADER[:2] + [f"{name} {p}" for p in policies for name in SERIES_HEADER[2:]]
     plot(results, bucket, duration, majors)
-    header = ["policy", "minor", "minor once memory is full", "major", "goodput r/s", "cold starts",
-              "loads / evictions", "load lane busy once full"]  # fmt: skip
     write_section(
         "fig6",
         "Fig. 6: cold starts at scale (one device, a minor model and 3,600 major models)",
@@ -226,7 +226,7 @@ def main() -> None:
         f"active every second; 100 ms SLO. {duration:g} s: the authors ran {AUTHORS_S} s (to all 3,600 "
         f"active); shortened in time only, it reaches {majors.active_at(s_to_ns(duration), MAJORS):,} active "
         "majors, well past the point where memory is full and every load evicts.",
-        markdown_table(header, rows)
+        markdown_table(SUMMARY_HEADER, rows)
         + f"\n\nOver time (per {bucket:g} s; plot: `out/paper/fig6.png`):\n\n"
         + markdown_table(series_header, series_rows),
         NOTES.format(duration=f"{duration:g}") + (f"\n\n{FULL_RUN.read_text().strip()}" if FULL_RUN.exists() else ""),

@@ -18,6 +18,7 @@ from mainspring.frontend.remote import RemoteController
 from mainspring.models.profile import ModelProfile
 from mainspring.protocol import Outcome
 from mainspring.protocol.models import ModelInfo
+from mainspring.telemetry.recorder import ActionRow
 from mainspring.transport.frontend_messages import Answers, Ask, Join, Reply, State, Submit, decode_frontend
 from mainspring.transport.messages import encode, metas_of
 from mainspring.worker.emulated_worker import echo_config
@@ -196,13 +197,13 @@ def test_a_frontend_can_have_a_model_warmed_before_its_requests_come(tmp_path: P
         await frontend.start(timeout_s=5)
         try:
 
-            def loads_of_a() -> list[dict[str, object]]:
-                view = service.timeline.snapshot(service.clock.now_ns(), 30, service.device_ids)
-                return [a for a in view["actions"] if a["kind"] == "load" and a["model"] == "a"]
+            def loads_of_a() -> list[ActionRow]:
+                view = service.timeline.view(service.clock.now_ns(), 0, service.device_ids)
+                return [a for a in view["actions"] if a.kind == "load" and a.model == "a"]
 
             assert not loads_of_a()
             assert await frontend.warm("a") is True
-            await until(lambda: any(a["status"] == "ok" for a in loads_of_a()))
+            await until(lambda: any(a.status == "ok" for a in loads_of_a()))
             assert await frontend.warm("a") is False  # held already
             with pytest.raises(ServiceError, match="unknown model 'nope'"):
                 await frontend.warm("nope")

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.skipif(
     reason="needs Debian's chromium and chromium-driver (the Makefile's set-up installs them)",
 )
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "out" / "screenshots"
-VIEW_KEYS = {"seconds", "devices", "actions", "misses", "explained", "models", "pools", "loop_lag_ms"}
+VIEW_KEYS = {"now_ns", "devices", "action_columns", "actions", "in_flight", "answer_columns", "answers", "explained",
+             "last_used_ns", "models", "pools", "loop_lag_ms"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +113,23 @@ def test_the_page_is_served_from_the_package_and_its_data_and_bad_parameter(serv
     status, reply = http_call(f"{base}/timeline?seconds=lots")
     assert status == 400 and "'seconds'" in json.loads(reply)["error"]
     assert http_call(f"{base}/timeline?seconds=1e9")[0] == 400
+    status, reply = http_call(f"{base}/timeline?cursor=drop%20table")
+    assert status == 400 and "'cursor'" in json.loads(reply)["error"]
     status, reply = http_call(f"{base}/timeline?seconds=5")
     data = json.loads(reply)
-    assert status == 200 and data["devices"] == [0] and set(data) == VIEW_KEYS
-    assert {m["model"] for m in data["models"]} >= {"mlp", "bert_tiny"}
-    assert [p["device"] for p in data["pools"]] == [0] and data["pools"][0]["total_pages"] > 0
+    assert status == 200 and set(data) == {"seconds", "cursor", "views"} and len(data["views"]) == 1
+    (view,) = data["views"]
+    assert set(view) == VIEW_KEYS and view["devices"] == [0]
+    assert {m["model"] for m in view["models"]} >= {"mlp", "bert_tiny"}
+    assert [p["device"] for p in view["pools"]] == [0] and view["pools"][0]["total_pages"] > 0
+    assert http_call(f"http://{server.http}/v2/models/mlp/infer", body("mlp"))[0] == 200
+    # After the cursor: only what came since (the answer above, and the actions that served it), not again.
+    status, reply = http_call(f"{base}/timeline?seconds=30&cursor={data['cursor']}")
+    (since,) = json.loads(reply)["views"]
+    model = since["answer_columns"].index("model")
+    assert status == 200 and [a[model] for a in since["answers"]] == ["mlp"]
+    status, reply = http_call(f"{base}/timeline?seconds=30&cursor={json.loads(reply)['cursor']}")
+    assert json.loads(reply)["views"][0]["answers"] == []
 
 
 def test_every_panel_under_load_and_a_miss_explained(server: ServerProcess, browser: object) -> None:

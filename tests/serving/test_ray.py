@@ -111,7 +111,9 @@ def test_workers_on_a_ray_cluster_are_placed_and_replaced(
             thread.start()
         wait_for(lambda: len(answers) > 40, 60)
         _, timeline = http_call(f"http://{server.http}/dashboard/timeline?seconds=30")
-        served_on = {a["device"] for a in json.loads(timeline)["actions"] if a["kind"] == "infer"}
+        (view,) = json.loads(timeline)["views"]
+        kind, device = view["action_columns"].index("kind"), view["action_columns"].index("device")
+        served_on = {a[device] for a in view["actions"] if a[kind] == "infer"}
         assert len(served_on) == 2, served_on  # both nodes' workers ran batches
 
         add_node(address, env)  # the cluster grows: the new node gets a worker

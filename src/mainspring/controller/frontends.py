@@ -73,6 +73,7 @@ class FrontendHub:
         self._receive_part = service.ledger.part("receive")
         self._answer_part = service.ledger.part("answer")
         self._metrics_part = service.ledger.part("metrics")
+        self._page_part = service.ledger.part("page")
 
     @property
     def joined(self) -> int:
@@ -229,8 +230,10 @@ class FrontendHub:
                 value = msgspec.to_builtins(await service.model_statistics(ask.model))
             elif ask.what == "metrics":
                 value = await service.exposition()
-            elif ask.what == "timeline":
-                value = await service.timeline_view(ask.seconds)
+            elif ask.what == "timeline":  # the live page's poll: made and sent apart (``dashboard_cost.py``)
+                with self._page_part:
+                    self._send(identity, Reply(ask.call, service.page_view(ask.seconds, ask.cursor)))
+                return
             elif ask.what == "state":
                 self._send(identity, self._state())
             elif ask.what == "signal_models":  # the cells' plan: what this cell's load signal is to carry

@@ -30,7 +30,7 @@ from mainspring.protocol.requests import DEFAULT_DEADLINE_MARGIN_MS
 from mainspring.protocol.tensors import Sample, TensorSpec
 from mainspring.scheduler.base import Forecasts, Membership, Warms
 from mainspring.scheduler.registry import DEFAULT_POLICY, make_scheduler
-from mainspring.telemetry.live_view import ModelWindow, device_pools, model_rows
+from mainspring.telemetry.live_view import ModelWindow, horizon_since, page_view
 from mainspring.telemetry.metrics import ModelStats, ServingMetrics
 from mainspring.telemetry.recorder import LogWriter
 from mainspring.telemetry.timeline import Timeline
@@ -291,18 +291,19 @@ class ControllerService:
         else:
             self.metrics.client_disconnects.labels(frontend, transport, cause).inc(count)
 
-    async def timeline_view(self, seconds: float) -> dict[str, Any]:
-        """The live page's data: every device's lanes over the last ``seconds``, the last misses explained,
-        each model's traffic and where it is held, each device's pool, and the event loop's lag."""
+    async def timeline_view(self, seconds: float, cursor: str = "") -> dict[str, Any]:
+        return self.page_view(seconds, cursor)
+
+    def page_view(self, seconds: float, cursor: str = "") -> dict[str, Any]:
+        """The live page's data (``telemetry.live_view``): what happened over the last ``seconds``, or since the
+        poll that gave ``cursor``; the next poll's cursor."""
         now = self.clock.now_ns()
-        view = self.timeline.snapshot(now, seconds, self.device_ids)
         default_slo_ms = self.default_slo_ns / 1e6
         served = {m.key: (name, m.profile, m.config.slo_ms or default_slo_ms) for name, m in self.models.items()}
-        held = self.timeline.held
-        view["models"] = model_rows(self.model_window, held, served, now, seconds)
-        view["pools"] = device_pools(self.connected.specs, held, served)
-        view["loop_lag_ms"] = round(self.load_limits.loop_lag_ns / 1e6, 3)
-        return view
+        since = horizon_since(now, seconds, cursor)
+        view = page_view(self.timeline, self.model_window, now, since, served, self.connected.specs,
+                         self.load_limits.loop_lag_ns)  # fmt: skip
+        return {"seconds": seconds, "cursor": str(now), "views": [view]}
 
     # --- repository ---------------------------------------------------------------------------
     async def load_model(self, model: str, timeout_s: float = 120.0) -> None:

@@ -26,25 +26,28 @@ def summed_statistics(stats: Sequence[ModelStats | BaseException]) -> ModelStats
 
 
 def merged_timeline(seconds: float, views: Sequence[tuple[int, object]]) -> dict[str, Any]:
-    """The live page's data of every cell that answered (each view with its cell's index): devices numbered
-    apart, each model's row and each miss with its cell, the loop lag per cell and the worst as the server's."""
-    merged: dict[str, Any] = {"seconds": seconds, "devices": [], "actions": [], "misses": [], "explained": []}
-    merged |= {"models": [], "pools": [], "loop_lag_ms": 0.0, "cells": []}
-    for index, view in views:
-        if not isinstance(view, dict):
+    """The live page's data of every cell that answered (each reply with its cell's index): the cells' views, each
+    with its cell and the offset its devices are numbered apart by, and a cursor that holds each cell's."""
+    merged: dict[str, Any] = {"seconds": seconds, "views": []}
+    cursors = []
+    for index, reply in views:
+        if not isinstance(reply, dict):
             continue
+        cursors.append(f"{index}:{reply['cursor']}")
         offset = index * DEVICE_ID_STRIDE
-        merged["devices"] += [offset + d for d in view["devices"]]
-        merged["actions"] += [{**a, "device": offset + a["device"], "cell": index} for a in view["actions"]]
-        for part in ("misses", "explained"):
-            merged[part] += [{**m, "cell": index} for m in view[part]]
-        for model in view["models"]:
-            merged["models"].append({**model, "cell": index, "resident": [offset + d for d in model["resident"]]})
-        merged["pools"] += [{**p, "device": offset + p["device"], "cell": index} for p in view["pools"]]
-        merged["cells"].append({"cell": index, "loop_lag_ms": view["loop_lag_ms"], "devices": len(view["devices"])})
-        merged["loop_lag_ms"] = max(merged["loop_lag_ms"], view["loop_lag_ms"])
-    merged["explained"].sort(key=lambda m: -m["at_ms"])  # the latest first, as each cell's
+        merged["views"] += [{**view, "cell": index, "device_offset": offset} for view in reply["views"]]
+    merged["cursor"] = ",".join(cursors)
     return merged
+
+
+def cell_cursors(cursor: str) -> dict[int, str]:
+    """Each cell's cursor in a merged view's (``merged_timeline``); what is not one is left out."""
+    found = {}
+    for part in cursor.split(","):
+        index, _, own = part.partition(":")
+        if index.isdigit() and own.isdigit():
+            found[int(index)] = own
+    return found
 
 
 def merge_expositions(texts: Sequence[tuple[int, bytes]]) -> bytes:

@@ -22,7 +22,7 @@ from typing import Any
 from mainspring.cells.placement import PlacementConfig
 from mainspring.cells.planner import CellsPlanner, PlannerConfig, Replan
 from mainspring.cells.routing import Costs, routing_costs
-from mainspring.frontend.cells_metrics import merge_expositions, merged_timeline, summed_statistics
+from mainspring.frontend.cells_metrics import cell_cursors, merge_expositions, merged_timeline, summed_statistics
 from mainspring.frontend.cells_roster import CellRoster
 from mainspring.frontend.cells_settle import CellCall
 from mainspring.frontend.port import Answer, ServedModel, ServiceError
@@ -248,9 +248,12 @@ class CellsPort:
         except ServiceError:
             return None  # a cell that is gone has no metrics to give
 
-    async def timeline_view(self, seconds: float) -> dict[str, Any]:
+    async def timeline_view(self, seconds: float, cursor: str = "") -> dict[str, Any]:
         indices = self.membership.reachable()
-        views = await asyncio.gather(*(self.cells[i].timeline_view(seconds) for i in indices), return_exceptions=True)
+        cursors = cell_cursors(cursor)
+        views = await asyncio.gather(
+            *(self.cells[i].timeline_view(seconds, cursors.get(i, "")) for i in indices), return_exceptions=True
+        )
         return merged_timeline(seconds, list(zip(indices, views, strict=True)))
 
     def count_dropped_client(self, transport: str, cause: str) -> None:

@@ -24,6 +24,7 @@ from aiohttp import web
 from mainspring.frontend.dataplane import InferenceError
 
 MAX_SECONDS = 30.0
+MAX_CURSOR, CURSOR_CHARACTERS = 4096, "0123456789:,"  # a cursor: each cell's clock reading (``cells_metrics``)
 ASSETS = {"dashboard.js": "application/javascript", "dashboard.css": "text/css"}
 
 
@@ -41,6 +42,13 @@ async def asset(request: web.Request) -> web.Response:
     if name not in ASSETS:
         raise web.HTTPNotFound()
     return web.Response(text=_read(name), content_type=ASSETS[name])
+
+
+def timeline_cursor(raw_cursor: str) -> str:
+    """The page's ``cursor`` query parameter, as a view gave it (digits, ``:`` and ``,``): a 400 naming it when not."""
+    if len(raw_cursor) > MAX_CURSOR or raw_cursor.strip(CURSOR_CHARACTERS):
+        raise InferenceError(400, f"query parameter 'cursor' must be one a view gave, got {raw_cursor[:32]!r}")
+    return raw_cursor
 
 
 def timeline_seconds(raw_seconds: str) -> float:

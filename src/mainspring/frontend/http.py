@@ -21,7 +21,7 @@ from mainspring.frontend.access import UNAUTHORIZED, http_scope
 from mainspring.frontend.connections import ConnectionWatch, WatchedSite, ensure_descriptors
 from mainspring.frontend.dashboard import asset as dashboard_asset
 from mainspring.frontend.dashboard import page as dashboard_page
-from mainspring.frontend.dashboard import timeline_seconds
+from mainspring.frontend.dashboard import timeline_cursor, timeline_seconds
 from mainspring.frontend.dataplane import DataPlane, InferenceError, Tensor, decode_tensor
 from mainspring.frontend.extensions import class_count, json_bytes, serialize_bytes
 from mainspring.frontend.limits import RequestLimits
@@ -204,7 +204,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def dashboard_timeline(request: web.Request) -> web.Response:
     seconds = timeline_seconds(request.query.get("seconds", "10"))
-    return web.json_response(await _plane(request).service.timeline_view(seconds))
+    cursor = timeline_cursor(request.query.get("cursor", ""))
+    view = await _plane(request).service.timeline_view(seconds, cursor)
+    return web.Response(body=msgspec.json.encode(view), content_type="application/json")
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -87,7 +87,10 @@ class ControllerPort(Protocol):
 
     async def exposition(self) -> bytes: ...
 
-    async def timeline_view(self, seconds: float) -> dict[str, Any]: ...
+    async def timeline_view(self, seconds: float, cursor: str = "") -> dict[str, Any]:
+        """The live page's data over the last ``seconds``, or only what came since the view that gave ``cursor``
+        (``telemetry.live_view``)."""
+        ...
 
     def count_dropped_client(self, transport: str, cause: str) -> None:
         """Count a client gone mid-request or cut off (``frontend/connections.py``), in the metrics."""

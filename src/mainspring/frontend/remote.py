@@ -228,10 +228,16 @@ class RemoteController:
         ]
 
     async def _ask(
-        self, what: str, model: str = "", seconds: float = 0.0, timeout_s: float = 10.0, models: Sequence[str] = ()
+        self,
+        what: str,
+        model: str = "",
+        seconds: float = 0.0,
+        timeout_s: float = 10.0,
+        models: Sequence[str] = (),
+        cursor: str = "",
     ) -> Any:
         call = next(self._calls)
-        reply, _ = await self._call(call, Ask(call, what, model, seconds, tuple(models)), timeout_s)
+        reply, _ = await self._call(call, Ask(call, what, model, seconds, tuple(models), cursor), timeout_s)
         assert isinstance(reply, Reply)
         return reply.value
 
@@ -287,7 +293,7 @@ class RemoteController:
         with contextlib.suppress(ServiceError):  # gone: what it would have said is lost with it
             self._send(encode(message))
 
-    async def timeline_view(self, seconds: float) -> dict[str, Any]:
-        value = await self._ask("timeline", seconds=seconds)
+    async def timeline_view(self, seconds: float, cursor: str = "") -> dict[str, Any]:
+        value = await self._ask("timeline", seconds=seconds, cursor=cursor)
         assert isinstance(value, dict)
         return value

@@ -43,6 +43,7 @@ class Ask(msgspec.Struct, frozen=True, tag=True):
     model: str = ""
     seconds: float = 0.0
     models: tuple[str, ...] = ()  # signal_models: the models a cell's load signal is to carry
+    cursor: str = ""  # timeline: the cursor of the live page's last view ("": the whole window)
 
 
 # Why a client went without an answer read (``Dropped``; ``mainspring_client_disconnects_total``'s cause label).

@@ -1,4 +1,6 @@
-// The live page: polls /dashboard/timeline twice a second and redraws every panel from it.
+// The live page: polls /dashboard/timeline twice a second for what came since its last poll (its cursor), keeps
+// the last 30 s of each controller's rows (actions and answers) and redraws every panel from them: the per-model
+// figures are worked out here, so that a poll costs the controller little (benchmarks/dashboard_cost.py).
 // Every mark and row carries data-* attributes, so that a test (and a person's devtools) can read them.
 "use strict";
 const WIDTH = 1000, LEFT = 40, NS = "http://www.w3.org/2000/svg";
@@ -18,6 +20,10 @@ function html(name, attrs, text, parent) {
   if (parent) parent.appendChild(node);
   return node;
 }
+const HORIZON_NS = 30e9, MAX_MISS_TICKS = 2000;
+let cursor = "";
+const stores = new Map();  // per controller (a cell's index, or "main"): its rows and its last view
+
 function x(ms, seconds) { return LEFT + WIDTH + ms * WIDTH / (seconds * 1000); }
 function clampX(ms, seconds) { return Math.min(LEFT + WIDTH, Math.max(LEFT, x(ms, seconds))); }
 function title(node, text) { svg("title", {}, node).textContent = text; }
@@ -32,6 +38,33 @@ function axis(parent, seconds, y) {  // ticks in seconds before now
     const label = svg("text", { x: at, y: y + 14, class: "tick", "text-anchor": s === 0 ? "end" : "middle" }, parent);
     label.textContent = s === 0 ? "now" : `-${s} s`;
   }
+}
+
+function columns(names) { return Object.fromEntries(names.map((name, i) => [name, i])); }
+
+function absorb(data) {  // the rows since the last poll into each controller's store, the older than 30 s out
+  for (const view of data.views) {
+    const key = view.cell ?? "main";
+    const store = cursor && stores.has(key) ? stores.get(key) : { actions: [], answers: [] };
+    stores.set(key, store);
+    const A = columns(view.action_columns), R = columns(view.answer_columns), since = view.now_ns - HORIZON_NS;
+    store.actions = store.actions.concat(view.actions).filter(row => row[A.received_ns] >= since);
+    store.answers = store.answers.concat(view.answers).filter(row => row[R.answered_ns] >= since);
+    Object.assign(store, { view, A, R, names: new Map(view.models.map(m => [m.key, m.model])) });
+  }
+  for (const key of [...stores.keys()]) if (!data.views.some(v => (v.cell ?? "main") === key)) stores.delete(key);
+  cursor = data.cursor;
+}
+
+function mark(row, A, now) {  // an action row as the lanes draw it, in ms before now
+  const ms = t => (t - now) / 1e6, ran = row[A.begin_ns] >= 0;
+  const predicted = Math.max(row[A.earliest_ns], row[A.sent_ns]);
+  return {
+    lane: row[A.kind] === "infer" ? "exec" : "load", kind: row[A.kind], model: row[A.model], batch: row[A.batch_size],
+    status: row[A.status], message: row[A.message],
+    begin_ms: ms(ran ? row[A.begin_ns] : row[A.received_ns]), end_ms: ms(ran ? row[A.end_ns] : row[A.received_ns]),
+    predicted_begin_ms: ms(predicted), predicted_end_ms: ms(predicted + row[A.expected_ns]),
+  };
 }
 
 function drawAction(parent, a, seconds) {
@@ -57,121 +90,196 @@ function drawAction(parent, a, seconds) {
   return bad;
 }
 
-function drawDevices(data) {
-  const s = data.seconds, lanes = document.getElementById("lanes"), pools = {};
-  for (const p of data.pools || []) pools[p.device] = p;
+function drawDevices(seconds) {
+  const lanes = document.getElementById("lanes"), since = seconds * 1e9;
   lanes.replaceChildren();
-  let refused = 0;
-  const byDevice = {};
-  for (const a of data.actions) (byDevice[a.device] = byDevice[a.device] || []).push(a);
-  for (const device of data.devices) {
-    const pool = pools[device];
-    html("h3", {}, `device ${device}` + (pool ? ` (${pool.kind})` : ""), lanes);
-    if (pool) {
-      const share = pool.total_pages ? pool.used_pages / pool.total_pages : 0;
-      const row = html("div", { class: "pool", "data-device": device, "data-used": pool.used_pages,
-                                "data-total": pool.total_pages }, undefined, lanes);
-      const bar = html("div", { class: "bar" }, undefined, row);
-      html("div", { class: "fill", style: `width: ${(100 * share).toFixed(1)}%` }, undefined, bar);
-      html("span", {}, `pool ${(100 * share).toFixed(0)}% (${pool.used_pages} of ${pool.total_pages} pages): ` +
-           (pool.models.join(", ") || "empty"), row);
+  let refused = 0, actions = 0, devices = 0;
+  for (const store of stores.values()) {
+    const { view, actions: rows, A } = store;
+    const offset = view.device_offset || 0, now = view.now_ns, pools = {}, byDevice = {};
+    for (const p of view.pools) pools[p.device] = p;
+    for (const row of rows.concat(view.in_flight)) {
+      const ended = row[A.begin_ns] >= 0 ? row[A.end_ns] : row[A.received_ns];
+      if (ended >= now - since) (byDevice[row[A.device]] = byDevice[row[A.device]] || []).push(row);
     }
-    const lane = svg("svg", { width: LEFT + WIDTH + 10, height: 96, "data-device": device }, lanes);
-    svg("text", { x: 2, y: LANES.exec + 10, class: "label" }, lane).textContent = "exec";
-    svg("text", { x: 2, y: LANES.load + 10, class: "label" }, lane).textContent = "load";
-    for (const a of byDevice[device] || []) refused += drawAction(lane, a, s) ? 1 : 0;
-    axis(lane, s, 76);
+    for (const device of view.devices) {
+      const id = offset + device, pool = pools[device];
+      devices += 1;
+      html("h3", {}, `device ${id}` + (pool ? ` (${pool.kind})` : "") +
+           (view.cell === undefined ? "" : `, cell ${view.cell}`), lanes);
+      if (pool) {
+        const share = pool.total_pages ? pool.used_pages / pool.total_pages : 0;
+        const row = html("div", { class: "pool", "data-device": id, "data-used": pool.used_pages,
+                                  "data-total": pool.total_pages }, undefined, lanes);
+        const bar = html("div", { class: "bar" }, undefined, row);
+        html("div", { class: "fill", style: `width: ${(100 * share).toFixed(1)}%` }, undefined, bar);
+        const names = pool.models.map(key => modelName(store, key));
+        html("span", {}, `pool ${(100 * share).toFixed(0)}% (${pool.used_pages} of ${pool.total_pages} pages): ` +
+             (names.join(", ") || "empty"), row);
+      }
+      const lane = svg("svg", { width: LEFT + WIDTH + 10, height: 96, "data-device": id }, lanes);
+      svg("text", { x: 2, y: LANES.exec + 10, class: "label" }, lane).textContent = "exec";
+      svg("text", { x: 2, y: LANES.load + 10, class: "label" }, lane).textContent = "load";
+      for (const row of byDevice[device] || []) {
+        const a = mark(row, A, now);
+        a.model = modelName(store, a.model);
+        refused += drawAction(lane, a, seconds) ? 1 : 0;
+        actions += 1;
+      }
+      axis(lane, seconds, 76);
+    }
   }
-  return refused;
+  return { refused, actions, devices };
 }
 
-function drawMisses(data) {
-  const s = data.seconds, row = document.getElementById("miss-row");
+function modelName(store, key) { return store.names.get(key) ?? key; }  // a key is name@n once reloaded
+
+function missed(row, R) { return row[R.outcome] !== "" || !row[R.met]; }
+
+function drawMisses(seconds) {
+  const row = document.getElementById("miss-row"), ticks = [];
   row.replaceChildren();
   svg("text", { x: 2, y: 14, class: "label" }, row).textContent = "misses";
-  for (const m of data.misses) {
-    const tick = svg("rect", { x: clampX(m.at_ms, s), y: 4, width: 2, height: 14, fill: "#e63946",
-                               "data-miss": m.outcome, "data-model": m.model, "data-request-id": m.request_id }, row);
-    title(tick, `request ${m.request_id} (${m.model}): ${m.outcome}`);
+  let count = 0;
+  for (const store of stores.values()) {
+    const { view, answers, R } = store;
+    for (const answer of answers) {
+      const at = (answer[R.answered_ns] - view.now_ns) / 1e6;
+      if (at < -seconds * 1000 || !missed(answer, R)) continue;
+      count += 1;
+      ticks.push({ at, model: modelName(store, answer[R.model]), outcome: answer[R.outcome] || "late" });
+    }
+  }
+  for (const m of ticks.slice(-MAX_MISS_TICKS)) {  // a tick each, up to the last thousands
+    const tick = svg("rect", { x: clampX(m.at, seconds), y: 4, width: 2, height: 14, fill: "#e63946",
+                               "data-miss": m.outcome, "data-model": m.model }, row);
+    title(tick, `${m.model}: ${m.outcome}, ${fixed(-m.at / 1000, 1)} s ago`);
   }
   svg("line", { x1: LEFT, x2: LEFT + WIDTH, y1: 20, y2: 20, stroke: "#bbb" }, row);
+  return count;
 }
 
-function drawExplained(data) {
-  const list = document.getElementById("explained");
+function drawExplained() {
+  const list = document.getElementById("explained"), all = [];
+  for (const store of stores.values()) {
+    const view = store.view;
+    for (const e of view.explained) all.push({ ...e, ago_s: (view.now_ns - e.answered_ns) / 1e9, cell: view.cell,
+                                               model: modelName(store, e.model) });
+  }
+  all.sort((a, b) => a.ago_s - b.ago_s);
   list.replaceChildren();
-  if (!data.explained.length) html("li", { class: "none" }, "no misses in this window", list);
-  for (const e of data.explained) {
+  if (!all.length) html("li", { class: "none" }, "no misses in the last 30 seconds", list);
+  for (const e of all.slice(0, 8)) {
     const item = html("li", { "data-request-id": e.request_id, "data-model": e.model, "data-outcome": e.outcome,
                               "data-cause": e.cause }, undefined, list);
     const where = e.cell === undefined ? "" : `, cell ${e.cell}`;
-    html("span", {}, `request ${e.request_id} (${e.model}${where}, ${fixed(-e.at_ms / 1000, 1)} s ago): `, item);
+    html("span", {}, `request ${e.request_id} (${e.model}${where}, ${fixed(e.ago_s, 1)} s ago): `, item);
     html("span", { class: "cause" }, e.cause, item);
     if (e.detail) html("span", { class: "detail" }, ` (${e.detail})`, item);
   }
 }
 
-function drawModels(data) {
-  const body = document.querySelector("#models tbody");
+function percentile(sorted, share) {  // nearest rank, in ms
+  return sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor(share * sorted.length))] / 1e6 : null;
+}
+
+function modelFigures(answers, R, since) {  // per model key: answers, met, latencies served, refusals by reason
+  const figures = new Map();
+  for (const row of answers) {
+    if (row[R.answered_ns] < since) continue;
+    const key = row[R.model];
+    if (!figures.has(key)) figures.set(key, { n: 0, met: 0, latencies: [], rejections: {} });
+    const f = figures.get(key), reason = row[R.outcome] || (row[R.met] ? "" : "late");
+    f.n += 1;
+    f.met += row[R.met] ? 1 : 0;
+    if (!row[R.outcome]) f.latencies.push(row[R.latency_ns]);
+    if (reason) f.rejections[reason] = (f.rejections[reason] || 0) + 1;
+  }
+  return figures;
+}
+
+function drawModels(seconds) {
+  const body = document.querySelector("#models tbody"), rows = [];
+  for (const { view, answers, R } of stores.values()) {
+    const figures = modelFigures(answers, R, view.now_ns - seconds * 1e9), offset = view.device_offset || 0;
+    for (const m of view.models) {
+      const f = figures.get(m.key) || { n: 0, met: 0, latencies: [], rejections: {} };
+      f.latencies.sort((a, b) => a - b);
+      const used = view.last_used_ns[m.key];
+      rows.push({
+        model: m.model, cell: view.cell, slo_ms: m.slo_ms, rate: f.n / seconds, attained: f.n ? f.met / f.n : null,
+        p50: percentile(f.latencies, 0.5), p99: percentile(f.latencies, 0.99), rejections: f.rejections,
+        resident: view.pools.filter(p => p.models.includes(m.key)).map(p => offset + p.device),
+        last_used_s: used === undefined ? null : (view.now_ns - used) / 1e9,
+      });
+    }
+  }
+  rows.sort((a, b) => a.model.localeCompare(b.model) || (a.cell ?? 0) - (b.cell ?? 0));
   body.replaceChildren();
-  for (const m of data.models || []) {
+  for (const m of rows) {
+    const reasons = Object.entries(m.rejections);
     const row = html("tr", {
-      "data-model": m.model, "data-rate": m.rate_rps, "data-attained": m.attained ?? "", "data-p50": m.p50_ms ?? "",
-      "data-p99": m.p99_ms ?? "", "data-resident": m.resident.join(","), "data-last-used": m.last_used_s ?? "",
-      "data-rejections": Object.entries(m.rejections).map(([k, v]) => `${k}:${v}`).join(","),
+      "data-model": m.model, "data-rate": m.rate.toFixed(2), "data-attained": m.attained ?? "",
+      "data-p50": m.p50 ?? "", "data-p99": m.p99 ?? "", "data-resident": m.resident.join(","),
+      "data-last-used": m.last_used_s ?? "", "data-rejections": reasons.map(([k, v]) => `${k}:${v}`).join(","),
     }, undefined, body);
     if (m.cell !== undefined) row.dataset.cell = m.cell;
     html("td", {}, m.model + (m.cell === undefined ? "" : ` (cell ${m.cell})`), row);
     html("td", {}, fixed(m.slo_ms, 0), row);
-    html("td", {}, fixed(m.rate_rps, 1), row);
+    html("td", {}, fixed(m.rate, 1), row);
     const attained = html("td", {}, m.attained === null ? "-" : `${(100 * m.attained).toFixed(2)}%`, row);
     attained.className = m.attained === null ? "" : m.attained < 0.99 ? "bad" : "good";
-    html("td", {}, fixed(m.p50_ms, 2), row);
-    html("td", {}, fixed(m.p99_ms, 2), row);
-    const reasons = Object.entries(m.rejections).map(([k, v]) => `${k} ${v}`).join(", ");
-    html("td", { class: "text" + (reasons ? " bad" : "") }, reasons || "none", row);
+    html("td", {}, fixed(m.p50, 2), row);
+    html("td", {}, fixed(m.p99, 2), row);
+    html("td", { class: "text" + (reasons.length ? " bad" : "") },
+         reasons.map(([k, v]) => `${k} ${v}`).join(", ") || "none", row);
     html("td", { class: "text" }, m.resident.length ? m.resident.map(d => `device ${d}`).join(", ") : "nowhere", row);
     html("td", {}, m.last_used_s === null ? "never" : `${m.last_used_s.toFixed(1)} s ago`, row);
   }
 }
 
-function drawLag(data) {
-  const lag = document.getElementById("loop-lag");
-  lag.dataset.ms = data.loop_lag_ms;
-  lag.textContent = `controller loop lag: ${fixed(data.loop_lag_ms, 2)} ms`;
+function drawLag() {
+  const views = [...stores.values()].map(s => s.view), lag = document.getElementById("loop-lag");
+  const worst = Math.max(0, ...views.map(v => v.loop_lag_ms));
+  lag.dataset.ms = worst;
+  lag.textContent = `controller loop lag: ${fixed(worst, 2)} ms` + (views.length > 1 ? " (the worst cell's)" : "");
   const table = document.getElementById("cells"), body = table.querySelector("tbody");
+  const cells = views.filter(v => v.cell !== undefined);
   body.replaceChildren();
-  table.hidden = !(data.cells && data.cells.length);
-  for (const c of data.cells || []) {
-    const row = html("tr", { "data-cell": c.cell, "data-lag-ms": c.loop_lag_ms }, undefined, body);
-    html("td", {}, String(c.cell), row);
-    html("td", {}, String(c.devices), row);
-    html("td", {}, fixed(c.loop_lag_ms, 2), row);
+  table.hidden = !cells.length;
+  for (const v of cells) {
+    const row = html("tr", { "data-cell": v.cell, "data-lag-ms": v.loop_lag_ms }, undefined, body);
+    html("td", {}, String(v.cell), row);
+    html("td", {}, String(v.devices.length), row);
+    html("td", {}, fixed(v.loop_lag_ms, 2), row);
   }
 }
 
-function render(data) {
-  drawModels(data);
-  drawExplained(data);
-  drawMisses(data);
-  const refused = drawDevices(data);
-  drawLag(data);
+function render() {
+  const seconds = Number(document.getElementById("seconds").value);
+  drawModels(seconds);
+  drawExplained();
+  const misses = drawMisses(seconds);
+  const { refused, actions, devices } = drawDevices(seconds);
+  drawLag();
   const summary = document.getElementById("summary");
   summary.dataset.updates = String(Number(summary.dataset.updates) + 1);
-  summary.dataset.actions = String(data.actions.length);
+  summary.dataset.actions = String(actions);
   summary.dataset.refused = String(refused);
-  summary.dataset.misses = String(data.misses.length);
+  summary.dataset.misses = String(misses);
   document.getElementById("counts").textContent =
-    `${data.devices.length} device(s), ${data.actions.length} actions, ${refused} refused, ` +
-    `${data.misses.length} misses`;
+    `${devices} device(s), ${actions} actions, ${refused} refused, ${misses} misses`;
 }
 
 async function poll() {
   try {
-    const seconds = document.getElementById("seconds").value;
-    const response = await fetch("/dashboard/timeline?seconds=" + seconds);
-    if (response.ok) render(await response.json());
+    const response = await fetch("/dashboard/timeline?seconds=30&cursor=" + encodeURIComponent(cursor));
+    if (response.ok) {
+      absorb(await response.json());
+      render();
+    }
   } catch (error) { document.getElementById("counts").textContent = "no answer: " + error; }
   setTimeout(poll, 500);
 }
+document.getElementById("seconds").addEventListener("change", render);
 poll();

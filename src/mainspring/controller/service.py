@@ -64,6 +64,7 @@ class ControllerService:
         self.clock: Clock = self.timer
         self.ledger = ledger  # this process's CPU by part (``cpu_ledger``)
         self._admission_part = ledger.part("admission")
+        self._page_part = ledger.part("page")
         # Unanswered requests (samples) and their input bytes bound memory under any flood and policy; the
         # event loop's lag, the controller's CPU (by default half the default SLO: a loop that late leaves
         # requests little of their time).
@@ -292,7 +293,8 @@ class ControllerService:
             self.metrics.client_disconnects.labels(frontend, transport, cause).inc(count)
 
     async def timeline_view(self, seconds: float, cursor: str = "") -> dict[str, Any]:
-        return self.page_view(seconds, cursor)
+        with self._page_part:  # the live page's poll, in this process's frontend (``dashboard_cost.py``)
+            return self.page_view(seconds, cursor)
 
     def page_view(self, seconds: float, cursor: str = "") -> dict[str, Any]:
         """The live page's data (``telemetry.live_view``): what happened over the last ``seconds``, or since the

@@ -94,7 +94,7 @@ class Timeline:
             loads = [row for row in self._loads if row.model == miss.model]
             infer = self._served(miss)
             cold = infer is not None and _loaded_after_arrival(miss, infer, loads)
-            request = as_text(miss._replace(cold=cold))
+            request = as_text(miss) | {"cold": "1" if cold else "0"}  # as the request log writes it
             actions = {} if infer is None else {infer.action_id: as_text(infer)}
             made, holdings = loads_and_holdings(as_text(row) for row in loads)
             outcome = miss.outcome if miss.status != ResponseStatus.SUCCESS.value else "late"

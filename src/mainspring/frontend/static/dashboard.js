@@ -183,54 +183,48 @@ function percentile(sorted, share) {  // nearest rank, in ms
   return sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor(share * sorted.length))] / 1e6 : null;
 }
 
-function modelFigures(answers, R, since) {  // per model key: answers, met, latencies served, refusals by reason
-  const figures = new Map();
-  for (const row of answers) {
-    if (row[R.answered_ns] < since) continue;
-    const key = row[R.model];
-    if (!figures.has(key)) figures.set(key, { n: 0, met: 0, latencies: [], rejections: {} });
-    const f = figures.get(key), reason = row[R.outcome] || (row[R.met] ? "" : "late");
-    f.n += 1;
-    f.met += row[R.met] ? 1 : 0;
-    if (!row[R.outcome]) f.latencies.push(row[R.latency_ns]);
-    if (reason) f.rejections[reason] = (f.rejections[reason] || 0) + 1;
-  }
-  return figures;
-}
-
-function drawModels(seconds) {
-  const body = document.querySelector("#models tbody"), rows = [];
+function drawModels(seconds) {  // a row per model; with cells, each cell's answers and devices together
+  const body = document.querySelector("#models tbody"), rows = new Map();
   for (const { view, answers, R } of stores.values()) {
-    const figures = modelFigures(answers, R, view.now_ns - seconds * 1e9), offset = view.device_offset || 0;
+    const since = view.now_ns - seconds * 1e9, offset = view.device_offset || 0, names = new Map();
     for (const m of view.models) {
-      const f = figures.get(m.key) || { n: 0, met: 0, latencies: [], rejections: {} };
-      f.latencies.sort((a, b) => a - b);
-      const used = view.last_used_ns[m.key];
-      rows.push({
-        model: m.model, cell: view.cell, slo_ms: m.slo_ms, rate: f.n / seconds, attained: f.n ? f.met / f.n : null,
-        p50: percentile(f.latencies, 0.5), p99: percentile(f.latencies, 0.99), rejections: f.rejections,
-        resident: view.pools.filter(p => p.models.includes(m.key)).map(p => offset + p.device),
-        last_used_s: used === undefined ? null : (view.now_ns - used) / 1e9,
-      });
+      names.set(m.key, m.model);
+      if (!rows.has(m.model)) rows.set(m.model, { model: m.model, slo_ms: m.slo_ms, n: 0, met: 0, latencies: [],
+                                                  rejections: {}, resident: [], last_used_s: null });
+      const row = rows.get(m.model), used = view.last_used_ns[m.key];
+      row.resident.push(...view.pools.filter(p => p.models.includes(m.key)).map(p => offset + p.device));
+      if (used !== undefined) {
+        const ago = (view.now_ns - used) / 1e9;
+        row.last_used_s = row.last_used_s === null ? ago : Math.min(row.last_used_s, ago);
+      }
+    }
+    for (const answer of answers) {
+      const row = rows.get(names.get(answer[R.model]));
+      if (answer[R.answered_ns] < since || !row) continue;
+      const reason = answer[R.outcome] || (answer[R.met] ? "" : "late");
+      row.n += 1;
+      row.met += answer[R.met] ? 1 : 0;
+      if (!answer[R.outcome]) row.latencies.push(answer[R.latency_ns]);
+      if (reason) row.rejections[reason] = (row.rejections[reason] || 0) + 1;
     }
   }
-  rows.sort((a, b) => a.model.localeCompare(b.model) || (a.cell ?? 0) - (b.cell ?? 0));
   body.replaceChildren();
-  for (const m of rows) {
-    const reasons = Object.entries(m.rejections);
+  for (const m of [...rows.values()].sort((a, b) => a.model.localeCompare(b.model))) {
+    m.latencies.sort((a, b) => a - b);
+    const rate = m.n / seconds, attained = m.n ? m.met / m.n : null, reasons = Object.entries(m.rejections);
+    const p50 = percentile(m.latencies, 0.5), p99 = percentile(m.latencies, 0.99);
     const row = html("tr", {
-      "data-model": m.model, "data-rate": m.rate.toFixed(2), "data-attained": m.attained ?? "",
-      "data-p50": m.p50 ?? "", "data-p99": m.p99 ?? "", "data-resident": m.resident.join(","),
-      "data-last-used": m.last_used_s ?? "", "data-rejections": reasons.map(([k, v]) => `${k}:${v}`).join(","),
+      "data-model": m.model, "data-rate": rate.toFixed(2), "data-attained": attained ?? "", "data-p50": p50 ?? "",
+      "data-p99": p99 ?? "", "data-resident": m.resident.join(","), "data-last-used": m.last_used_s ?? "",
+      "data-rejections": reasons.map(([k, v]) => `${k}:${v}`).join(","),
     }, undefined, body);
-    if (m.cell !== undefined) row.dataset.cell = m.cell;
-    html("td", {}, m.model + (m.cell === undefined ? "" : ` (cell ${m.cell})`), row);
+    html("td", {}, m.model, row);
     html("td", {}, fixed(m.slo_ms, 0), row);
-    html("td", {}, fixed(m.rate, 1), row);
-    const attained = html("td", {}, m.attained === null ? "-" : `${(100 * m.attained).toFixed(2)}%`, row);
-    attained.className = m.attained === null ? "" : m.attained < 0.99 ? "bad" : "good";
-    html("td", {}, fixed(m.p50, 2), row);
-    html("td", {}, fixed(m.p99, 2), row);
+    html("td", {}, fixed(rate, 1), row);
+    const cell = html("td", {}, attained === null ? "-" : `${(100 * attained).toFixed(2)}%`, row);
+    cell.className = attained === null ? "" : attained < 0.99 ? "bad" : "good";
+    html("td", {}, fixed(p50, 2), row);
+    html("td", {}, fixed(p99, 2), row);
     html("td", { class: "text" + (reasons.length ? " bad" : "") },
          reasons.map(([k, v]) => `${k} ${v}`).join(", ") || "none", row);
     html("td", { class: "text" }, m.resident.length ? m.resident.map(d => `device ${d}`).join(", ") : "nowhere", row);

@@ -72,19 +72,19 @@ class Page:
         driver.get(f"http://{address}/dashboard")  # type: ignore[attr-defined]
 
     def count(self, selector: str) -> int:
-        from selenium.webdriver.common.by import By
-
-        return len(self.driver.find_elements(By.CSS_SELECTOR, selector))  # type: ignore[attr-defined]
+        return int(self._read("return document.querySelectorAll(arguments[0]).length", selector))
 
     def attribute(self, selector: str, name: str) -> str:
-        from selenium.webdriver.common.by import By
-
-        return self.driver.find_element(By.CSS_SELECTOR, selector).get_attribute(name) or ""  # type: ignore[attr-defined]
+        return str(self._read("return document.querySelector(arguments[0])?.getAttribute(arguments[1]) ?? ''",
+                              selector, name))  # fmt: skip
 
     def text(self, selector: str) -> str:
-        from selenium.webdriver.common.by import By
+        return str(self._read("return document.querySelector(arguments[0])?.textContent ?? ''", selector))
 
-        return str(self.driver.find_element(By.CSS_SELECTOR, selector).text)  # type: ignore[attr-defined]
+    def _read(self, script: str, *args: str) -> object:
+        """Read in one step of the page's own thread: the page redraws twice a second, so an element found in one
+        call may be gone by the next."""
+        return self.driver.execute_script(script, *args)  # type: ignore[attr-defined]
 
     @property
     def updates(self) -> int:
@@ -93,8 +93,9 @@ class Page:
     def screenshot(self, name: str) -> Path:
         """The whole page, below the window too, as a PNG under ``out/screenshots/`` (kept after the run: its path
         is printed)."""
-        size = self.driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]  # type: ignore[attr-defined]
-        clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+        bottom = self._read("return Math.ceil(document.body.getBoundingClientRect().bottom) + 16")
+        width = self._read("return document.documentElement.scrollWidth")
+        clip = {"x": 0, "y": 0, "width": width, "height": bottom, "scale": 1}
         shot = self.driver.execute_cdp_cmd(  # type: ignore[attr-defined]
             "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
         )
@@ -165,6 +166,11 @@ def test_every_panel_under_load_and_a_miss_explained(server: ServerProcess, brow
         assert float(page.attribute(row, "data-attained")) == 1.0
         assert 0 < float(page.attribute(row, "data-p50")) <= float(page.attribute(row, "data-p99"))
         assert float(page.attribute(row, "data-last-used")) >= 0
+        # What each device did: how busy its exec lane was, how far its batches ran from their predictions.
+        activity = 'p.activity[data-device="0"]'
+        assert int(page.attribute(activity, "data-infers")) > 0
+        assert 0 < float(page.attribute(activity, "data-busy")) <= 1
+        assert "after its prediction at the median" in page.text(activity)
         # Pool use: the device's pages its models hold.
         used = int(page.attribute('div.pool[data-device="0"]', "data-used"))
         assert 0 < used <= int(page.attribute('div.pool[data-device="0"]', "data-total"))

@@ -117,19 +117,39 @@ function drawDevices(seconds) {
         html("span", {}, `pool ${(100 * share).toFixed(0)}% (${pool.used_pages} of ${pool.total_pages} pages): ` +
              (names.join(", ") || "empty"), row);
       }
+      const marks = (byDevice[device] || []).map(row => ({ ...mark(row, A, now), model: modelName(store, row[A.model]) }));
+      activity(lanes, id, marks, seconds);
       const lane = svg("svg", { width: LEFT + WIDTH + 10, height: 96, "data-device": id }, lanes);
       svg("text", { x: 2, y: LANES.exec + 10, class: "label" }, lane).textContent = "exec";
       svg("text", { x: 2, y: LANES.load + 10, class: "label" }, lane).textContent = "load";
-      for (const row of byDevice[device] || []) {
-        const a = mark(row, A, now);
-        a.model = modelName(store, a.model);
-        refused += drawAction(lane, a, seconds) ? 1 : 0;
-        actions += 1;
-      }
+      for (const a of marks) refused += drawAction(lane, a, seconds) ? 1 : 0;
+      actions += marks.length;
       axis(lane, seconds, 76);
     }
   }
   return { refused, actions, devices };
+}
+
+function activity(parent, id, marks, seconds) {  // what the device did in the window, in a line
+  const ran = marks.filter(a => a.status === "ok"), infers = ran.filter(a => a.kind === "infer");
+  const busy = infers.reduce((sum, a) => sum + Math.max(0, Math.min(a.end_ms, 0) -
+                                                         Math.max(a.begin_ms, -seconds * 1000)), 0) / (seconds * 1000);
+  const late = infers.map(a => a.end_ms - a.predicted_end_ms).sort((a, b) => a - b);
+  const refused = {};
+  for (const a of marks.filter(a => a.status !== "ok" && a.status !== "in_flight")) {
+    const reason = `${a.kind} ${a.status}: ${a.message.replace(/[0-9]+(\.[0-9]+)?/g, "N").slice(0, 80)}`;
+    refused[reason] = (refused[reason] || 0) + 1;
+  }
+  const reasons = Object.entries(refused).map(([k, v]) => `${k} (${v})`);
+  const count = kind => ran.filter(a => a.kind === kind).length;
+  const batches = infers.reduce((sum, a) => sum + a.batch, 0);
+  const off = late.length ? `; each ended ${fixed(percentile(late.map(v => v * 1e6), 0.5), 2)} ms after its ` +
+    `prediction at the median, ${fixed(percentile(late.map(v => v * 1e6), 0.99), 2)} ms at p99` : "";
+  html("p", { class: "activity", "data-device": id, "data-busy": busy.toFixed(4), "data-infers": infers.length,
+              "data-refused": Object.values(refused).reduce((a, b) => a + b, 0) },
+       `exec lane ${(100 * busy).toFixed(0)}% busy: ${infers.length} batches of ${batches} requests${off}. ` +
+       `Load lane: ${count("load")} loads, ${count("evict")} evictions. ` +
+       (reasons.length ? `Refused by the worker: ${reasons.join("; ")}.` : "Nothing refused."), parent);
 }
 
 function modelName(store, key) { return store.names.get(key) ?? key; }  // a key is name@n once reloaded

@@ -10,7 +10,8 @@ frontend process's, with cells), with:
 - the split by part (``cpu_ledger`` on: ``mainspring_controller_cpu_seconds{part}``): receive (decoding
   what frontends and workers send, and handing it on), admission, the policy (its calls and the pass),
   send (encoding and sending actions), results (checking results, taking their outputs), answer (answering
-  the calls: futures, encoding and sending the answers), metrics (Prometheus, the live timeline), signal
+  the calls: futures, encoding and sending the answers), metrics (the observers: Prometheus, the live page's
+  rows), page (the live page's polls: a view made and sent), signal
   (a cell's load signal, computed every 5 ms and sent when it changed);
   unattributed: the event loop's own work between them (tasks, futures, timers, ZeroMQ's asyncio glue);
   other threads: the rest of the process (ZeroMQ's I/O threads, the garbage collector's pauses are in the
@@ -35,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from live_rig import LiveServer, cpu_s, offer
 
-PARTS = ("receive", "admission", "policy", "send", "results", "answer", "metrics", "signal", "unattributed")
+PARTS = ("receive", "admission", "policy", "send", "results", "answer", "metrics", "page", "signal", "unattributed")
 _SAMPLE = re.compile(rb'^mainspring_controller_cpu_seconds\{[^}]*part="(\w+)"[^}]*\} (\S+)$', re.MULTILINE)
 
 

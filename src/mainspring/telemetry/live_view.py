@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from mainspring.models.profile import ModelProfile
-from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response, ResponseStatus
+from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
 from mainspring.telemetry.recorder import ACTION_COLUMNS
 from mainspring.telemetry.timeline import Timeline
 from mainspring.time import NS_PER_S
@@ -38,7 +38,7 @@ ANSWER_COLUMNS = AnswerRow._fields
 
 class ModelWindow:
     def __init__(self, max_answers: int = 100_000) -> None:
-        self._answers: deque[AnswerRow] = deque(maxlen=max_answers)
+        self._answers: deque[tuple[int, str, int, bool, str]] = deque(maxlen=max_answers)  # ``AnswerRow``s
         self.last_used: dict[str, int] = {}  # model key -> when its last success was answered
 
     def on_request(self, request: Request, now_ns: int) -> None:
@@ -51,16 +51,17 @@ class ModelWindow:
         pass
 
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
-        served = response.status is ResponseStatus.SUCCESS
-        outcome = "" if served else response.outcome.value
-        met = served and now_ns <= request.deadline_ns
-        self._answers.append(AnswerRow(now_ns, request.model, now_ns - request.arrival_ns, met, outcome))
-        if served:
-            self.last_used[request.model] = now_ns
+        # Once per request, whether a page is open or not: plain tuples (an ``AnswerRow``'s fields), no more.
+        model = request.model
+        if response.outcome is Outcome.SERVED:
+            self._answers.append((now_ns, model, now_ns - request.arrival_ns, now_ns <= request.deadline_ns, ""))
+            self.last_used[model] = now_ns
+        else:
+            self._answers.append((now_ns, model, now_ns - request.arrival_ns, False, response.outcome.value))
 
-    def since(self, since_ns: int) -> list[AnswerRow]:
-        """The answers made after ``since_ns``, oldest first."""
-        first = bisect.bisect_right(self._answers, since_ns, key=lambda row: row.answered_ns)
+    def since(self, since_ns: int) -> list[tuple[int, str, int, bool, str]]:
+        """The answers made after ``since_ns``, oldest first (``AnswerRow``'s fields)."""
+        first = bisect.bisect_right(self._answers, since_ns, key=lambda row: row[0])
         return list(itertools.islice(reversed(self._answers), len(self._answers) - first))[::-1]
 
 

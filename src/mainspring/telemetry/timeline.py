@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from mainspring.protocol import Action, ActionResult, EvictWeights, Request, Response, ResponseStatus, action_kind
+from mainspring.protocol import Action, ActionResult, EvictWeights, Outcome, Request, Response, action_kind
 from mainspring.telemetry.analyze import cause_of, detail_of, loads_and_holdings
 from mainspring.telemetry.recorder import ActionRow, RequestRow, action_row, as_text, request_row
 from mainspring.time import NS_PER_S
@@ -64,7 +64,7 @@ class Timeline:
         self._forget_before(now_ns - self._horizon_ns)
 
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
-        if response.status is not ResponseStatus.SUCCESS or now_ns > request.deadline_ns:
+        if response.outcome is not Outcome.SERVED or now_ns > request.deadline_ns:
             self._misses.append(request_row(request, response, now_ns, cold=False))
 
     # --- the page's data ----------------------------------------------------------------
@@ -97,7 +97,7 @@ class Timeline:
             request = as_text(miss) | {"cold": "1" if cold else "0"}  # as the request log writes it
             actions = {} if infer is None else {infer.action_id: as_text(infer)}
             made, holdings = loads_and_holdings(as_text(row) for row in loads)
-            outcome = miss.outcome if miss.status != ResponseStatus.SUCCESS.value else "late"
+            outcome = miss.outcome if miss.outcome != Outcome.SERVED.value else "late"
             found = self._explained[miss.request_id] = {
                 "request_id": miss.request_id, "model": miss.model, "answered_ns": miss.answered_ns,
                 "outcome": outcome, "cause": cause_of(request, actions, made, holdings) or "met its SLO",

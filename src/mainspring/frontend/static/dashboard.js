@@ -145,7 +145,7 @@ function activity(parent, id, marks, seconds) {  // what the device did in the w
   const batches = infers.reduce((sum, a) => sum + a.batch, 0);
   const off = late.length ? `; each ended ${fixed(percentile(late.map(v => v * 1e6), 0.5), 2)} ms after its ` +
     `prediction at the median, ${fixed(percentile(late.map(v => v * 1e6), 0.99), 2)} ms at p99` : "";
-  html("p", { class: "activity", "data-device": id, "data-busy": busy.toFixed(4), "data-infers": infers.length,
+  html("p", { class: "activity", "data-device": id, "data-busy": busy.toFixed(6), "data-infers": infers.length,
               "data-refused": Object.values(refused).reduce((a, b) => a + b, 0) },
        `exec lane ${(100 * busy).toFixed(0)}% busy: ${infers.length} batches of ${batches} requests${off}. ` +
        `Load lane: ${count("load")} loads, ${count("evict")} evictions. ` +

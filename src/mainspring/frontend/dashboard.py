@@ -2,8 +2,9 @@
 last requests missed.
 
 The page is three files of the package (``frontend/static/``: HTML, a script and a style sheet; nothing from
-elsewhere, so it works with no internet). Its script polls ``GET /dashboard/timeline?seconds=S`` twice a second
-(``telemetry.timeline`` and ``telemetry.live_view``, assembled by the controller) and draws:
+elsewhere, so it works with no internet). Its script polls ``GET /dashboard/timeline?seconds=30&cursor=C`` twice a
+second for what came since its last poll (``telemetry.live_view``: the controller's rows of actions and answers as
+they are, the last misses explained), keeps 30 s of them and draws, over the last 5, 10 or 30 s:
 
 - each model's rate, attainment against its SLO, p50 and p99, rejections by reason, the devices that hold it and
   when it was last used;

@@ -37,6 +37,7 @@ def observe(observers: tuple[Timeline, ModelWindow], *events: tuple[str, object,
 def test_a_late_answer_is_explained_as_analyze_explains_it() -> None:
     timeline, window = Timeline(), ModelWindow()
     timeline.add_device(0, (), 0)
+    window.watched(0)  # a page is open
     load = LoadWeights(1, 0, "m", 0, 1 * MS, 5 * MS)
     cold = request(1, 1.0)  # arrives while its model loads, served after it: late
     slow = Infer(2, 0, "m", 6 * MS, 7 * MS, 2 * MS, (1,), 1)
@@ -75,12 +76,13 @@ def test_a_late_answer_is_explained_as_analyze_explains_it() -> None:
     assert [(a["model"], a["met"], a["outcome"]) for a in answers] == [
         ("m", False, ""), ("m", False, "deadline_at_arrival"), ("m", True, "")
     ]  # fmt: skip
-    assert answers[2]["latency_ns"] == round(3.5 * MS) and window.last_used == {"m": round(33.5 * MS)}
+    assert answers[2]["latency_ns"] == round(3.5 * MS)
 
 
 def test_a_cursor_leaves_out_what_an_earlier_poll_had_and_memory_stays_bounded() -> None:
     timeline, window = Timeline(max_items=10), ModelWindow(max_answers=10)
     timeline.add_device(0, (), 0)
+    window.watched(0)
     for i in range(100):
         infer = Infer(i, 0, "m", i * MS, i * MS + MS, MS, (i,), 1)
         observe(
@@ -111,15 +113,27 @@ def test_where_models_are_held_and_each_pool_used() -> None:
             ("result", load, ActionResult(1, 1, ActionStatus.OK, Timing(0, 5 * MS)), 5.0),
             ("action", evict, None, 6.0))  # fmt: skip
     served = {"m": ("m-name", PROFILE, 100.0)}
-    view = page_view(timeline, window, 7 * MS, 0, served, specs, loop_lag_ns=1_500_000)
+    view = page_view(timeline, window, 7 * MS, 0, served, specs, loop_lag_ns=1_500_000, last_used={"m": 3 * MS})
     assert view["pools"] == [
         {"device": 0, "kind": "v100", "total_pages": 16, "used_pages": 0, "models": []},  # gone: its eviction sent
         {"device": 1, "kind": "v100", "total_pages": 16, "used_pages": 3, "models": ["m"]},
     ]  # fmt: skip
     assert view["models"] == [{"key": "m", "model": "m-name", "slo_ms": 100.0}] and view["loop_lag_ms"] == 1.5
+    assert view["last_used_ns"] == {"m": 3 * MS}
     assert [(a.kind, a.status) for a in view["in_flight"]] == [("evict", "in_flight")] and view["devices"] == [0, 1]
     timeline.remove_device(1)
-    assert page_view(timeline, window, 8 * MS, 0, served, specs, 0)["pools"][1]["models"] == []
+    assert page_view(timeline, window, 8 * MS, 0, served, specs, 0, {})["pools"][1]["models"] == []
+
+
+def test_answers_are_kept_only_while_a_page_polls() -> None:
+    window = ModelWindow(horizon_s=1.0)
+    answer = Response(1, Outcome.SERVED, "", 1)
+    window.on_answer(request(1, 0.0), answer, 1 * MS)  # no page yet: not kept
+    page_view(Timeline(), window, 2 * MS, 0, {}, {}, 0, {})  # a page's first poll
+    window.on_answer(request(2, 2.0), answer, 3 * MS)
+    window.on_answer(request(3, 2.0), answer, 2 * MS + NS_PER_S)  # the last within the horizon of that poll
+    window.on_answer(request(4, 2.0), answer, 3 * MS + NS_PER_S)  # the page is gone: not kept
+    assert [row[0] for row in window.since(0)] == [3 * MS, 2 * MS + NS_PER_S]
 
 
 def test_the_cells_views_merged_and_their_cursors_given_back() -> None:

@@ -303,8 +303,11 @@ class ControllerService:
         default_slo_ms = self.default_slo_ns / 1e6
         served = {m.key: (name, m.profile, m.config.slo_ms or default_slo_ms) for name, m in self.models.items()}
         since = horizon_since(now, seconds, cursor)
+        stats = self.metrics.model_stats  # by name, as clients know it
+        used = {m.key: stats[name].last_inference_ns for name, m in self.models.items() if name in stats}
+        last_used = {key: ns for key, ns in used.items() if ns}  # 0: never served
         view = page_view(self.timeline, self.model_window, now, since, served, self.connected.specs,
-                         self.load_limits.loop_lag_ns)  # fmt: skip
+                         self.load_limits.loop_lag_ns, last_used)  # fmt: skip
         return {"seconds": seconds, "cursor": str(now), "views": [view]}
 
     # --- repository ---------------------------------------------------------------------------

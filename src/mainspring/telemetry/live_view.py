@@ -1,10 +1,11 @@
 """The live page's data (``GET /dashboard/timeline``), made in the controller from what it already observes.
 
-``ModelWindow`` is a ``ControllerObserver`` that keeps one small tuple per answer (at most ``max_answers``,
-so memory stays bounded under any load) and each model's last success. The page asks for what came since its
-last poll (its cursor) and works out each model's rate, attainment, p50 and p99 and rejections by reason
-itself, from the answers: a poll costs the controller a search and the encoding of half a second's rows, not a
-pass over the window (``benchmarks/dashboard_cost.py``).
+``ModelWindow`` is a ``ControllerObserver`` that keeps one small tuple per answer while a page polls (from its
+first poll until ``horizon_s`` after its last: with no page open an answer costs it one comparison), at most
+``max_answers``, so memory stays bounded under any load. The page asks for what came since its last poll (its
+cursor) and works out each model's rate, attainment, p50 and p99 and rejections by reason itself, from the
+answers: a poll costs the controller a search and the encoding of half a second's rows, not a pass over the
+window (``benchmarks/dashboard_cost.py``).
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ ANSWER_COLUMNS = AnswerRow._fields
 
 
 class ModelWindow:
-    def __init__(self, max_answers: int = 100_000) -> None:
+    def __init__(self, horizon_s: float = 30.0, max_answers: int = 100_000) -> None:
         self._answers: deque[tuple[int, str, int, bool, str]] = deque(maxlen=max_answers)  # ``AnswerRow``s
-        self.last_used: dict[str, int] = {}  # model key -> when its last success was answered
+        self._horizon_ns = round(horizon_s * NS_PER_S)
+        self._watched_until_ns = -1  # answers are kept until then: a page polled within the horizon
+
+    def watched(self, now_ns: int) -> None:
+        """A page polled: keep the answers for the horizon to come."""
+        self._watched_until_ns = now_ns + self._horizon_ns
 
     def on_request(self, request: Request, now_ns: int) -> None:
         pass
@@ -51,13 +57,12 @@ class ModelWindow:
         pass
 
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
-        # Once per request, whether a page is open or not: plain tuples (an ``AnswerRow``'s fields), no more.
-        model = request.model
-        if response.outcome is Outcome.SERVED:
-            self._answers.append((now_ns, model, now_ns - request.arrival_ns, now_ns <= request.deadline_ns, ""))
-            self.last_used[model] = now_ns
-        else:
-            self._answers.append((now_ns, model, now_ns - request.arrival_ns, False, response.outcome.value))
+        if now_ns > self._watched_until_ns:  # no page open: nothing kept (every request passes here)
+            return
+        served = response.outcome is Outcome.SERVED  # plain tuples (an ``AnswerRow``'s fields): cheaper to make
+        met = served and now_ns <= request.deadline_ns
+        outcome = "" if served else response.outcome.value
+        self._answers.append((now_ns, request.model, now_ns - request.arrival_ns, met, outcome))
 
     def since(self, since_ns: int) -> list[tuple[int, str, int, bool, str]]:
         """The answers made after ``since_ns``, oldest first (``AnswerRow``'s fields)."""
@@ -67,17 +72,19 @@ class ModelWindow:
 
 def page_view(
     timeline: Timeline, window: ModelWindow, now_ns: int, since_ns: int, served: Served,
-    specs: Mapping[int, DeviceSpec], loop_lag_ns: int,
+    specs: Mapping[int, DeviceSpec], loop_lag_ns: int, last_used: Mapping[str, int],
 ) -> dict[str, Any]:  # fmt: skip
     """One controller's part of the page: rows since ``since_ns`` (actions and answers, with their columns), the
-    actions in flight, the last misses explained, the served models, each device's pool and the loop lag."""
+    actions in flight, the last misses explained, the served models, when each last served a request
+    (``last_used``, by key), each device's pool and the loop lag."""
+    window.watched(now_ns)
     view = timeline.view(now_ns, since_ns, specs)
     view |= {
         "now_ns": now_ns,
         "action_columns": ACTION_COLUMNS,
         "answer_columns": ANSWER_COLUMNS,
         "answers": window.since(since_ns),
-        "last_used_ns": window.last_used,
+        "last_used_ns": last_used,
         "models": [{"key": key, "model": name, "slo_ms": slo_ms} for key, (name, _, slo_ms) in served.items()],
         "pools": device_pools(specs, timeline.held, served),
         "loop_lag_ms": round(loop_lag_ns / 1e6, 3),

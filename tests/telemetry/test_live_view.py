@@ -67,6 +67,7 @@ def test_a_late_answer_is_explained_as_analyze_explains_it() -> None:
     assert late["detail"] == "answered 3.5 ms after its deadline; its batch of 1 ran 8.0 ms against 2.0 predicted"
     assert refused["cause"] == "rejected at arrival: the deadline could not be met"
     assert refused["detail"] == "deadline cannot be met"
+    assert timeline.view(40 * NS_PER_S, 0, [0])["explained"] == []  # past the 30 s kept: their actions are forgotten
     # Where each ran against where it was predicted to (from when it could start, for its expected time).
     assert [(a.kind, a.status, a.begin_ns, a.end_ns, a.earliest_ns, a.expected_ns) for a in view["actions"]] == [
         ("load", "ok", 0, 5 * MS, 0, 5 * MS), ("infer", "ok", 6 * MS, 14 * MS, 6 * MS, 2 * MS),

@@ -82,7 +82,10 @@ class Timeline:
             "devices": sorted(set(devices) | {a.device for a in actions} | {a.device for a in in_flight}),
             "actions": actions,
             "in_flight": in_flight,
-            "explained": [self._explain(miss) for miss in reversed(self._misses)],
+            # Within the horizon only: older ones' actions are forgotten, and they would be explained without them.
+            "explained": [
+                self._explain(m) for m in reversed(self._misses) if m.answered_ns >= now_ns - self._horizon_ns
+            ],
         }
 
     def _explain(self, miss: RequestRow) -> dict[str, Any]:

@@ -42,7 +42,9 @@ class Timeline:
         self.held[device] = dict.fromkeys(resident, now_ns)
 
     def remove_device(self, device: int) -> None:
+        """The device is gone: what it held, and its actions in flight (no result will come for them)."""
         self.held.pop(device, None)
+        self._sent = {i: sent for i, sent in self._sent.items() if sent[0].device != device}
 
     # --- ControllerObserver -------------------------------------------------------------
     def on_request(self, request: Request, now_ns: int) -> None:
@@ -73,8 +75,6 @@ class Timeline:
         status ``in_flight``, begin and end where they were planned), ``devices`` (the connected ones) and
         any with actions in that time, and the last misses explained (the latest first)."""
         self._forget_before(now_ns - self._horizon_ns)
-        for stale in [i for i, (_, sent) in self._sent.items() if sent < now_ns - self._horizon_ns]:
-            del self._sent[stale]  # its device was lost: no result will come
         first = bisect.bisect_right(self._rows, since_ns, key=lambda row: row.received_ns)
         actions = list(itertools.islice(reversed(self._rows), len(self._rows) - first))[::-1]
         in_flight = [_in_flight(action, sent) for action, sent in self._sent.values()]
@@ -100,6 +100,10 @@ class Timeline:
             request = as_text(miss) | {"cold": "1" if cold else "0"}  # as the request log writes it
             actions = {} if infer is None else {infer.action_id: as_text(infer)}
             made, holdings = loads_and_holdings(as_text(row) for row in loads)
+            for device, models in self.held.items():  # held from before the rows kept: a load they do not show
+                if miss.model in models:
+                    since = str(models[miss.model])
+                    holdings.record({"kind": "load", "model": miss.model, "device": str(device), "end_ns": since})
             outcome = miss.outcome if miss.outcome != Outcome.SERVED.value else "late"
             found = self._explained[miss.request_id] = {
                 "request_id": miss.request_id, "model": miss.model, "answered_ns": miss.answered_ns,

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.skipif(
     reason="needs Debian's chromium and chromium-driver (the Makefile's set-up installs them)",
 )
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "out" / "screenshots"
-VIEW_KEYS = {"now_ns", "devices", "action_columns", "actions", "in_flight", "answer_columns", "answers", "explained",
-             "last_used_ns", "models", "pools", "loop_lag_ms"}  # fmt: skip
+VIEW_KEYS = {"now_ns", "since_ns", "answers_from_ns", "devices", "action_columns", "actions", "in_flight",
+             "answer_columns", "answers", "explained", "last_used_ns", "models", "pools", "loop_lag_ms"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +121,7 @@ def test_the_page_is_served_from_the_package_and_its_data_and_bad_parameter(serv
     assert http_call(f"{base}/timeline?seconds=1e9")[0] == 400
     status, reply = http_call(f"{base}/timeline?cursor=drop%20table")
     assert status == 400 and "'cursor'" in json.loads(reply)["error"]
+    assert http_call(f"{base}/timeline?cursor=1:2:3")[0] == 400  # its characters, not a cursor's form
     status, reply = http_call(f"{base}/timeline?seconds=5")
     data = json.loads(reply)
     assert status == 200 and set(data) == {"seconds", "cursor", "views"} and len(data["views"]) == 1
@@ -134,6 +135,7 @@ def test_the_page_is_served_from_the_package_and_its_data_and_bad_parameter(serv
     (since,) = json.loads(reply)["views"]
     model = since["answer_columns"].index("model")
     assert status == 200 and [a[model] for a in since["answers"]] == ["mlp"]
+    assert since["since_ns"] == view["now_ns"]  # it follows on from the last view: the page keeps its rows
     status, reply = http_call(f"{base}/timeline?seconds=30&cursor={json.loads(reply)['cursor']}")
     assert json.loads(reply)["views"][0]["answers"] == []
 
@@ -185,9 +187,11 @@ def test_every_panel_under_load_and_a_miss_explained(server: ServerProcess, brow
         wait_for(lambda: page.count(explained) == 1)
         assert page.attribute(explained, "data-cause") == "rejected at arrival: the deadline could not be met"
         assert "rejected at arrival" in page.text(explained)
-        assert "deadline_at_arrival:1" in page.attribute(row, "data-rejections")
         before = page.updates
         wait_for(lambda: page.updates >= before + 3)  # it keeps polling while the load runs
+        # Still once each, though every poll since brought the page new rows: none repeated, none lost.
+        assert "deadline_at_arrival:1" in page.attribute(row, "data-rejections").split(",")
+        assert page.count('rect[data-miss="deadline_at_arrival"]') == 1
         summary = page.text("#counts")
         assert "1 device(s)" in summary and "misses" in summary
         assert page.count("#cells tr[data-cell]") == 0  # one controller: no cells

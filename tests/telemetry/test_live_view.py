@@ -97,6 +97,7 @@ def test_a_cursor_leaves_out_what_an_earlier_poll_had_and_memory_stays_bounded()
     since = horizon_since(100 * MS, 30.0, str(round(97.9 * MS)))
     assert since == round(97.9 * MS) and horizon_since(100 * MS, 0.001, "97") == 99 * MS  # the later of the two
     assert horizon_since(40 * NS_PER_S, 30.0, "not one") == 10 * NS_PER_S
+    assert horizon_since(40 * NS_PER_S, 30.0, str(50 * NS_PER_S)) == 10 * NS_PER_S  # another clock's: a new window
     assert [a.action_id for a in timeline.view(100 * MS, since, [0])["actions"]] == [98, 99]
     assert [row[0] for row in window.since(since)] == [round(98.6 * MS), round(99.6 * MS)]
     assert timeline.view(100 * MS, 100 * MS, [0])["actions"] == [] and window.since(100 * MS) == []
@@ -126,15 +127,48 @@ def test_where_models_are_held_and_each_pool_used() -> None:
     assert page_view(timeline, window, 8 * MS, 0, served, specs, 0, {})["pools"][1]["models"] == []
 
 
-def test_answers_are_kept_only_while_a_page_polls() -> None:
-    window = ModelWindow(horizon_s=1.0)
+def test_answers_are_kept_only_while_a_page_polls_and_the_view_says_from_when() -> None:
+    window = ModelWindow(horizon_s=1.0, max_answers=3)
     answer = Response(1, Outcome.SERVED, "", 1)
     window.on_answer(request(1, 0.0), answer, 1 * MS)  # no page yet: not kept
-    page_view(Timeline(), window, 2 * MS, 0, {}, {}, 0, {})  # a page's first poll
+    first = page_view(Timeline(), window, 2 * MS, 0, {}, {}, 0, {})  # a page's first poll
+    assert first["answers_from_ns"] == 2 * MS  # the page's rates count from here, not over the whole window
     window.on_answer(request(2, 2.0), answer, 3 * MS)
     window.on_answer(request(3, 2.0), answer, 2 * MS + NS_PER_S)  # the last within the horizon of that poll
     window.on_answer(request(4, 2.0), answer, 3 * MS + NS_PER_S)  # the page is gone: not kept
     assert [row[0] for row in window.since(0)] == [3 * MS, 2 * MS + NS_PER_S]
+    later = 5 * NS_PER_S  # a page back after a break (a hidden tab's timers slowed): complete only from now
+    assert page_view(Timeline(), window, later, 0, {}, {}, 0, {})["answers_from_ns"] == later
+    for i in range(4):
+        window.on_answer(request(5 + i, 0.0), answer, later + i * MS)
+    assert page_view(Timeline(), window, later + 9 * MS, 0, {}, {}, 0, {})["answers_from_ns"] == later + MS  # full
+
+
+def test_a_lost_devices_actions_in_flight_are_forgotten() -> None:
+    timeline = Timeline()
+    timeline.add_device(1, (), 0)
+    timeline.on_action(Infer(1, 1, "m", MS, 2 * MS, MS, (1,), 1), 0)
+    assert len(timeline.view(MS, 0, [1])["in_flight"]) == 1
+    timeline.remove_device(1)  # no result will come for it
+    assert timeline.view(MS, 0, [])["in_flight"] == []
+
+
+def test_a_model_held_from_before_the_rows_kept_is_not_explained_as_held_nowhere() -> None:
+    timeline, window = Timeline(), ModelWindow()
+    timeline.add_device(0, ("m",), 0)  # holds it throughout: no load of it among the rows
+    timeline.add_device(1, (), 0)
+    load, evict = LoadWeights(1, 1, "m", 0, MS, 5 * MS), EvictWeights(2, 1, "m", 6 * MS, 7 * MS, 0)
+    expired = request(1, 8.0)
+    observe(
+        (timeline, window),
+        ("action", load, None, 0.0),
+        ("result", load, ActionResult(1, 1, ActionStatus.OK, Timing(0, 5 * MS)), 5.0),
+        ("action", evict, None, 6.0),
+        ("result", evict, ActionResult(2, 1, ActionStatus.OK, Timing(6 * MS, 6 * MS)), 6.0),
+        ("answer", expired, Response(1, Outcome.EXPIRED_IN_QUEUE, "expired"), 18.0),
+    )
+    (explained,) = timeline.view(20 * MS, 0, [0, 1])["explained"]
+    assert explained["cause"] == "expired in queue: behind other work"
 
 
 def test_the_cells_views_merged_and_their_cursors_given_back() -> None:

@@ -18,6 +18,7 @@ Every mark and row carries ``data-*`` attributes (tested in a headless browser).
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 
 from aiohttp import web
@@ -25,7 +26,9 @@ from aiohttp import web
 from mainspring.frontend.dataplane import InferenceError
 
 MAX_SECONDS = 30.0
-MAX_CURSOR, CURSOR_CHARACTERS = 4096, "0123456789:,"  # a cursor: each cell's clock reading (``cells_metrics``)
+# A cursor: the controller's clock reading, or each cell's with its index (``cells_metrics``); none at first.
+CURSOR = re.compile(r"[0-9]{1,20}|[0-9]{1,6}:[0-9]{1,20}(,[0-9]{1,6}:[0-9]{1,20})*|")
+MAX_CURSOR = 4096
 ASSETS = {"dashboard.js": "application/javascript", "dashboard.css": "text/css"}
 
 
@@ -46,8 +49,8 @@ async def asset(request: web.Request) -> web.Response:
 
 
 def timeline_cursor(raw_cursor: str) -> str:
-    """The page's ``cursor`` query parameter, as a view gave it (digits, ``:`` and ``,``): a 400 naming it when not."""
-    if len(raw_cursor) > MAX_CURSOR or raw_cursor.strip(CURSOR_CHARACTERS):
+    """The page's ``cursor`` query parameter, as a view gave it (``CURSOR``): a 400 naming it when not."""
+    if len(raw_cursor) > MAX_CURSOR or not CURSOR.fullmatch(raw_cursor):
         raise InferenceError(400, f"query parameter 'cursor' must be one a view gave, got {raw_cursor[:32]!r}")
     return raw_cursor
 

@@ -42,10 +42,19 @@ class ModelWindow:
         self._answers: deque[tuple[int, str, int, bool, str]] = deque(maxlen=max_answers)  # ``AnswerRow``s
         self._horizon_ns = round(horizon_s * NS_PER_S)
         self._watched_until_ns = -1  # answers are kept until then: a page polled within the horizon
+        self._watched_since_ns = -1  # and since then without a break
 
     def watched(self, now_ns: int) -> None:
         """A page polled: keep the answers for the horizon to come."""
+        if now_ns > self._watched_until_ns:  # the first poll, or the first after a break: none kept before
+            self._watched_since_ns = now_ns
         self._watched_until_ns = now_ns + self._horizon_ns
+
+    def complete_since(self) -> int:
+        """From when every answer is kept (the page's figures count from then): the poll that began the watch,
+        or the oldest answer kept once ``max_answers`` pushed older ones out."""
+        full = len(self._answers) == self._answers.maxlen
+        return max(self._watched_since_ns, self._answers[0][0]) if full else self._watched_since_ns
 
     def on_request(self, request: Request, now_ns: int) -> None:
         pass
@@ -76,11 +85,15 @@ def page_view(
 ) -> dict[str, Any]:  # fmt: skip
     """One controller's part of the page: rows since ``since_ns`` (actions and answers, with their columns), the
     actions in flight, the last misses explained, the served models, when each last served a request
-    (``last_used``, by key), each device's pool and the loop lag."""
+    (``last_used``, by key), each device's pool and the loop lag. ``since_ns`` is in it, for the page to tell
+    rows that follow its last view's (``now_ns``) from a window anew; and ``answers_from_ns``, from when the
+    answers are complete."""
     window.watched(now_ns)
     view = timeline.view(now_ns, since_ns, specs)
     view |= {
         "now_ns": now_ns,
+        "since_ns": since_ns,
+        "answers_from_ns": window.complete_since(),
         "action_columns": ACTION_COLUMNS,
         "answer_columns": ANSWER_COLUMNS,
         "answers": window.since(since_ns),
@@ -105,6 +118,9 @@ def device_pools(specs: Mapping[int, DeviceSpec], held: Held, served: Served) ->
 
 def horizon_since(now_ns: int, seconds: float, cursor: str) -> int:
     """From when a poll's rows are wanted: the last ``seconds``, or after the cursor a view gave (``str(now_ns)``)
-    when that is later; a cursor that is not one is ignored (the whole window again)."""
+    when that is later; a cursor that is not one, or is ahead of this clock (another process's: a controller
+    started again), is ignored (the whole window again)."""
     since = now_ns - round(seconds * NS_PER_S)
-    return max(since, int(cursor)) if cursor.isdigit() else since
+    if not (cursor.isascii() and cursor.isdigit()) or int(cursor) > now_ns:
+        return since
+    return max(since, int(cursor))

@@ -44,8 +44,10 @@ function columns(names) { return Object.fromEntries(names.map((name, i) => [name
 
 function absorb(data) {  // the rows since the last poll into each controller's store, the older than 30 s out
   for (const view of data.views) {
-    const key = view.cell ?? "main";
-    const store = cursor && stores.has(key) ? stores.get(key) : { actions: [], answers: [] };
+    const key = view.cell ?? "main", last = stores.get(key);
+    // Its rows follow on from the last view's only when it says so: else (a controller started again, a cursor
+    // too old) a window anew, with nothing kept from before that it would repeat.
+    const store = last && last.view.now_ns === view.since_ns ? last : { actions: [], answers: [] };
     stores.set(key, store);
     const A = columns(view.action_columns), R = columns(view.answer_columns), since = view.now_ns - HORIZON_NS;
     store.actions = store.actions.concat(view.actions).filter(row => row[A.received_ns] >= since);
@@ -156,16 +158,20 @@ function modelName(store, key) { return store.names.get(key) ?? key; }  // a key
 
 function missed(row, R) { return row[R.outcome] !== "" || !row[R.met]; }
 
+// From when a controller's answers are all there within the last `seconds`: it keeps them only while a page
+// polls, so from this page's first poll (or one after a break: a hidden tab's timers slowed past 30 s).
+function answersSince(view, seconds) { return Math.max(view.now_ns - seconds * 1e9, view.answers_from_ns); }
+
 function drawMisses(seconds) {
   const row = document.getElementById("miss-row"), ticks = [];
   row.replaceChildren();
   svg("text", { x: 2, y: 14, class: "label" }, row).textContent = "misses";
   let count = 0;
   for (const store of stores.values()) {
-    const { view, answers, R } = store;
+    const { view, answers, R } = store, since = answersSince(view, seconds);
     for (const answer of answers) {
       const at = (answer[R.answered_ns] - view.now_ns) / 1e6;
-      if (at < -seconds * 1000 || !missed(answer, R)) continue;
+      if (answer[R.answered_ns] < since || !missed(answer, R)) continue;
       count += 1;
       ticks.push({ at, model: modelName(store, answer[R.model]), outcome: answer[R.outcome] || "late" });
     }
@@ -199,18 +205,21 @@ function drawExplained() {
   }
 }
 
-function percentile(sorted, share) {  // nearest rank, in ms
-  return sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor(share * sorted.length))] / 1e6 : null;
+function percentile(sorted, share) {  // nearest rank (as /metrics' quantiles), in ms
+  return sorted.length ? sorted[Math.max(0, Math.ceil(share * sorted.length) - 1)] / 1e6 : null;
 }
 
 function drawModels(seconds) {  // a row per model; with cells, each cell's answers and devices together
   const body = document.querySelector("#models tbody"), rows = new Map();
+  let counted = 0;  // the seconds the answers cover (the longest of the controllers')
   for (const { view, answers, R } of stores.values()) {
-    const since = view.now_ns - seconds * 1e9, offset = view.device_offset || 0, names = new Map();
+    const since = answersSince(view, seconds), offset = view.device_offset || 0, names = new Map();
+    const span = (view.now_ns - since) / 1e9, share = span > 0 ? 1 / span : 0;  // an answer's part of a rate
+    counted = Math.max(counted, span);
     for (const m of view.models) {
       names.set(m.key, m.model);
-      if (!rows.has(m.model)) rows.set(m.model, { model: m.model, slo_ms: m.slo_ms, n: 0, met: 0, latencies: [],
-                                                  rejections: {}, resident: [], last_used_s: null });
+      if (!rows.has(m.model)) rows.set(m.model, { model: m.model, slo_ms: m.slo_ms, n: 0, rate: 0, met: 0,
+                                                  latencies: [], rejections: {}, resident: [], last_used_s: null });
       const row = rows.get(m.model), used = view.last_used_ns[m.key];
       row.resident.push(...view.pools.filter(p => p.models.includes(m.key)).map(p => offset + p.device));
       if (used !== undefined) {
@@ -223,15 +232,20 @@ function drawModels(seconds) {  // a row per model; with cells, each cell's answ
       if (answer[R.answered_ns] < since || !row) continue;
       const reason = answer[R.outcome] || (answer[R.met] ? "" : "late");
       row.n += 1;
+      row.rate += share;
       row.met += answer[R.met] ? 1 : 0;
       if (!answer[R.outcome]) row.latencies.push(answer[R.latency_ns]);
       if (reason) row.rejections[reason] = (row.rejections[reason] || 0) + 1;
     }
   }
   body.replaceChildren();
+  const caption = document.getElementById("counted");
+  caption.dataset.seconds = counted.toFixed(3);
+  caption.textContent = counted < seconds - 0.5 ? `Answers counted over the ${counted.toFixed(1)} s since this ` +
+    "page began watching (the controller keeps them only while a page is open)." : "";
   for (const m of [...rows.values()].sort((a, b) => a.model.localeCompare(b.model))) {
     m.latencies.sort((a, b) => a - b);
-    const rate = m.n / seconds, attained = m.n ? m.met / m.n : null, reasons = Object.entries(m.rejections);
+    const rate = m.rate, attained = m.n ? m.met / m.n : null, reasons = Object.entries(m.rejections);
     const p50 = percentile(m.latencies, 0.5), p99 = percentile(m.latencies, 0.99);
     const row = html("tr", {
       "data-model": m.model, "data-rate": rate.toFixed(2), "data-attained": attained ?? "", "data-p50": p50 ?? "",
@@ -254,8 +268,8 @@ function drawModels(seconds) {  // a row per model; with cells, each cell's answ
 
 function drawLag() {
   const views = [...stores.values()].map(s => s.view), lag = document.getElementById("loop-lag");
-  const worst = Math.max(0, ...views.map(v => v.loop_lag_ms));
-  lag.dataset.ms = worst;
+  const worst = views.length ? Math.max(...views.map(v => v.loop_lag_ms)) : null;  // none: no controller answered
+  lag.dataset.ms = worst ?? "";
   lag.textContent = `controller loop lag: ${fixed(worst, 2)} ms` + (views.length > 1 ? " (the worst cell's)" : "");
   const table = document.getElementById("cells"), body = table.querySelector("tbody");
   const cells = views.filter(v => v.cell !== undefined);
@@ -286,13 +300,17 @@ function render() {
 }
 
 async function poll() {
-  try {
-    const response = await fetch("/dashboard/timeline?seconds=30&cursor=" + encodeURIComponent(cursor));
+  const counts = document.getElementById("counts");
+  try {  // a server that does not answer in 5 s: said so, and asked again
+    const url = "/dashboard/timeline?seconds=30&cursor=" + encodeURIComponent(cursor);
+    const response = await fetch(url, { signal: AbortSignal.timeout(5000) });
     if (response.ok) {
       absorb(await response.json());
       render();
+    } else {  // the panels keep the last answer's figures
+      counts.textContent = `no data: HTTP ${response.status} ${(await response.text()).slice(0, 200)}`;
     }
-  } catch (error) { document.getElementById("counts").textContent = "no answer: " + error; }
+  } catch (error) { counts.textContent = "no answer: " + error; }
   setTimeout(poll, 500);
 }
 document.getElementById("seconds").addEventListener("change", render);

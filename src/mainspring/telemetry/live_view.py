@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from mainspring.models.profile import ModelProfile
-from mainspring.protocol import Action, ActionResult, DeviceSpec, Outcome, Request, Response
+from mainspring.protocol import Action, ActionResult, DeviceSpec, Request, Response
 from mainspring.telemetry.recorder import ACTION_COLUMNS
-from mainspring.telemetry.timeline import Timeline
+from mainspring.telemetry.timeline import SERVED, Timeline
 from mainspring.time import NS_PER_S
 
 Held = Mapping[int, Mapping[str, int]]  # device -> model key -> held since (``Timeline.held``)
@@ -68,7 +68,7 @@ class ModelWindow:
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
         if now_ns > self._watched_until_ns:  # no page open: nothing kept (every request passes here)
             return
-        served = response.outcome is Outcome.SERVED  # plain tuples (an ``AnswerRow``'s fields): cheaper to make
+        served = response.outcome is SERVED  # plain tuples (an ``AnswerRow``'s fields): cheaper to make
         met = served and now_ns <= request.deadline_ns
         outcome = "" if served else response.outcome.value
         self._answers.append((now_ns, request.model, now_ns - request.arrival_ns, met, outcome))

@@ -25,6 +25,7 @@ from mainspring.time import NS_PER_S
 
 EXPLAINED = 8  # the last misses the page explains
 SEARCHED = 2_000  # actions back from a late answer searched for the batch that served it
+SERVED = Outcome.SERVED  # per answer: a module's name is read in half the time of an enum member
 
 
 class Timeline:
@@ -66,7 +67,7 @@ class Timeline:
         self._forget_before(now_ns - self._horizon_ns)
 
     def on_answer(self, request: Request, response: Response, now_ns: int) -> None:
-        if response.outcome is not Outcome.SERVED or now_ns > request.deadline_ns:
+        if response.outcome is not SERVED or now_ns > request.deadline_ns:
             self._misses.append(request_row(request, response, now_ns, cold=False))
 
     # --- the page's data ----------------------------------------------------------------

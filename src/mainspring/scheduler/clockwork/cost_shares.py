@@ -237,10 +237,8 @@ class CostShares:
         admitted when its entry's admitted work, run at the entry's share of some holder, would end by
         ``finish_by_ns``; then counted there. A bound on the rate of admitted work, not only on the
         queued work: the lane drains a queue as fast as it admits. It is priced at its batch's cost:
-        the batch its model's rate fills, or its ``queued`` requests and it, whichever is larger; in
-        the flood, with its model's arrivals over half its wait on the flood's lane (a flood model
-        batches only as it queues: priced at batch one, the majors were held to batches of one). A
-        tight model is admitted by its deadline alone."""
+        the batch its model's rate fills, or its ``queued`` requests and it, whichever is larger. A tight
+        model is admitted by its deadline alone."""
         if model in self._tight(now_ns):
             return True
         rate = self._arrivals_per_ns(model, now_ns) / len(holders)
@@ -248,13 +246,9 @@ class CostShares:
         for device in holders:
             shares = self._view(device, now_ns)
             own = self.own_entry(model, device, now_ns, queued + 1)
-            batch = queued + 1
             if own is None:
                 name, share, protects = FLOOD, self._flood_share(shares), bool(shares.own)
                 start = max(now_ns, shares.free_ns.get(FLOOD, 0))
-                # it waits for the flood's admitted work ahead of it, and its model's arrivals in the first
-                # half of that wait join its batch (as ``price_ns``: gathered in half, run in the other)
-                batch += int(rate * (start - now_ns) / 2)
             else:
                 (_, share, protects), name = own, model
                 # its queue is work admitted before it was held, not yet run
@@ -262,7 +256,7 @@ class CostShares:
                 start = max(now_ns + int(queued_ns / share), shares.free_ns.get(model, 0))
             if not protects:
                 return True  # nothing on this holder to protect from it
-            work = self.price_ns(model, device.kind, rate, batch) / share
+            work = self.price_ns(model, device.kind, rate, queued + 1) / share
             ends.append((start + int(work), name, device))
         end, name, device = min(ends, key=lambda entry: entry[0])
         if end > finish_by_ns:

@@ -124,23 +124,26 @@ class CostShares:
         alone = rate * self._shapes.fastest_ns(model, device.kind)
         return max(rate * self.price_ns(model, device.kind, rate), min(self.config.min_share, alone))
 
-    def _fills_batches(self, model: str, now_ns: int) -> bool:
-        """Does ``model``'s rate on one holder fill a batch of two within its SLO (not a sliver)?"""
+    def _fills_batches(self, model: str, now_ns: int, kept: bool = False) -> bool:
+        """Does ``model``'s rate on one holder fill a batch of two within its SLO (not a sliver)? One that
+        has an entry (``kept``) keeps it while its rate fills one request within its SLO: a rate measured
+        over a second wanders, and three steady models at 23 r/s each (2.3 requests an SLO) fell in and
+        out of the flood, held at its share while they were in it."""
         holders = len(self._residency.holders.get(model, ())) or 1
         sizes = self._shapes.sizes(model)
-        smallest_batch = sizes[1] if len(sizes) > 1 else 2
+        smallest_batch = 1 if kept else sizes[1] if len(sizes) > 1 else 2
         return self._arrivals_per_ns(model, now_ns) / holders * self._slo_ns.get(model, 0) >= smallest_batch
 
     def _steady(self, model: str, now_ns: int) -> bool:
         since = self._since_ns.get(model)
         return since is not None and now_ns - since >= self._steady_after_ns
 
-    def _has_own_entry(self, model: str, incumbents: bool, now_ns: int) -> bool:
+    def _has_own_entry(self, model: str, incumbents: bool, now_ns: int, kept: bool = False) -> bool:
         """Beside ``incumbents`` (models with entries that are steady): steady and not a sliver, or tight.
         With none (at the start of a run every model is as old as the others), every model."""
         if not incumbents or model in self._tight(now_ns):
             return True
-        return self._fills_batches(model, now_ns) and self._steady(model, now_ns)
+        return self._fills_batches(model, now_ns, kept) and self._steady(model, now_ns)
 
     def _incumbents(self, shares: _DeviceShares, now_ns: int) -> bool:
         return any(self._steady(model, now_ns) for model in shares.own)
@@ -173,7 +176,7 @@ class CostShares:
         shares.incumbents = incumbents = self._incumbents(shares, now_ns)
         for model in list(shares.own):
             demand = self.demand_on(model, device, now_ns) if device.holds(model) else 0.0
-            if demand <= 0.0 or not self._has_own_entry(model, incumbents, now_ns):
+            if demand <= 0.0 or not self._has_own_entry(model, incumbents, now_ns, kept=True):
                 del shares.own[model]
             else:
                 shares.own[model] = demand

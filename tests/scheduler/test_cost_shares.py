@@ -129,6 +129,5 @@ def test_steady_models_near_a_batch_of_two_keep_their_entries() -> None:
     for i, model in enumerate(flood):
         arrivals += poisson(model.model, 10, 2 + 0.01 * i, 6, rng)
     result = run([*steady, *flood], arrivals, 6, share_steady_after_ms=1000.0)
-    # 97.2% measured (84.0% without the hysteresis): the flood's first second, before its rate shows,
-    # is admitted by deadline alone, as in the test above
+    # 97.2% measured (84.0% without the hysteresis); where the rest is lost is not diagnosed yet
     assert attainment(result, {m.model for m in steady}, 2.0) >= 0.95

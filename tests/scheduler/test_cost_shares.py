@@ -10,9 +10,9 @@ from mainspring.models.profile import ModelProfile, builtin_profiles, model_copi
 from mainspring.protocol import Outcome
 from mainspring.scheduler import registry
 from mainspring.scheduler.clockwork import ClockworkConfig, ClockworkScheduler
-from mainspring.sim.run import SimulationConfig, SimulationResult, simulate
+from mainspring.sim.run import SimulationConfig, SimulationResult, generate_arrivals, simulate
 from mainspring.time import NS_PER_S
-from mainspring.workload import Arrival
+from mainspring.workload import Arrival, ClosedLoop, Composition, FixedRate, Part
 from tests.fakes import FixedArrivals
 from tests.invariants import check_invariants
 
@@ -95,3 +95,39 @@ def test_models_present_from_the_start_are_shared_max_min() -> None:
     arrivals = poisson(small.model, 100, 0, 3, rng) + poisson(hot.model, 2000, 0, 3, rng)
     assert attainment(run([small, hot], arrivals, 3), {small.model}, 1.0) >= 0.999
     assert attainment(run([small, hot], arrivals, 3, share_by_cost=False), {small.model}, 1.0) < 0.9
+
+
+def test_the_tight_class_keeps_its_isolation_beside_batch_clients() -> None:
+    # Fig. 8 (ours) at its third step: 6 models at 200 r/s each, due in 4.5x their batch-1 time (14.9 ms),
+    # beside 12 closed loops of 16 on a one-second SLO, on 6 devices. Weighed at their batches' cost the
+    # batch clients ask little and the tight class, in batches of one, is the entry over the level: held,
+    # it fell to a fifth. The guard's tight class is an entry of its own, never held.
+    models = model_copies(RESNET50, 6 + 12)
+    names = tuple(m.model for m in models)
+    parts = [
+        Part("latency", FixedRate(200), names[:6], slo_ns=round(4.5 * models[0].exec_ns[1])),
+        Part("batch", ClosedLoop(12, 16), names[6:], slo_ns=NS_PER_S),
+    ]
+    warmup_ns = 2 * NS_PER_S  # the first loads, and the rates learnt
+    config = SimulationConfig(duration_ns=3 * NS_PER_S, warmup_ns=warmup_ns, devices=6, seed=1)
+    workload = Composition(parts)
+    result = simulate("clockwork", models, workload, config, generate_arrivals(workload, models, config),
+                      settings={"share_by_cost": True})  # fmt: skip
+    check_invariants(result)
+    assert result.report.by_label["latency"]["slo_attainment"] >= 0.995
+    assert result.report.by_label["batch"]["goodput_rps"] > 300  # the batch clients keep the rest
+
+
+def test_steady_models_near_a_batch_of_two_keep_their_entries() -> None:
+    # Three steady models at 23 r/s each: 2.3 requests an SLO, so a rate measured over a second wanders
+    # either side of a batch of two. Without hysteresis they fell in and out of the flood and were
+    # refused as overloaded at its share; with an entry kept while the rate fills one request an SLO,
+    # they keep what they ask for beside 200 new models at 10 r/s each (2,000 r/s, slivers).
+    steady, flood = model_copies(RESNET50, 203)[:3], model_copies(RESNET50, 203)[3:]
+    rng = random.Random(8)
+    arrivals = [a for model in steady for a in poisson(model.model, 23, 0, 6, rng)]
+    for i, model in enumerate(flood):
+        arrivals += poisson(model.model, 10, 2 + 0.01 * i, 6, rng)
+    result = run([*steady, *flood], arrivals, 6, share_steady_after_ms=1000.0)
+    # 97.2% measured (84.0% without the hysteresis); where the rest is lost is not diagnosed yet
+    assert attainment(result, {m.model for m in steady}, 2.0) >= 0.95

@@ -41,9 +41,10 @@ class ClockworkConfig:
     its holders asks for less than its max-min fair share (one there to protect).
     ``share_by_cost``: shares weigh a model's demand at the batch its rate fills in half its SLO, and,
     beside a model that has asked for ``share_steady_after_ms``, the models that have not or that fill no
-    batch of two share one entry of the fair level, the flood (``cost_shares.py``; it replaces
-    ``share_protects_only`` and ``share_full_batch``). Off (the default): demand at batch-1 cost, one
-    entry per model (``docs/scheduler/admission.md``, "Shares by what a rate costs").
+    batch of two share one entry of the fair level, the flood; the guard's tight models are never held
+    (``cost_shares.py``; it replaces ``share_protects_only`` and ``share_full_batch``). Off (the
+    default): demand at batch-1 cost, one entry per model (``docs/scheduler/admission.md``, "Shares by
+    what a rate costs").
     ``split_padding``: a batch that would be padded runs instead as the first of the batches that
     serve its requests in the least lane time (12 requests: 8 now and 4 next, not 16 with 4 empty).
     ``start_early``: infers may start as soon as the lane is free (earliest = now), as INFER4's do.

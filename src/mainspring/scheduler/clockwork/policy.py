@@ -82,6 +82,8 @@ class ClockworkScheduler(PolicyBookkeeping):
         evictions = Evictions(state)
         self.admission = Admission(state, evictions)
         self.guard = TightClassGuard(state) if config.guard_tight else NoTightClassGuard()
+        if state.demand.by_cost is not None:
+            state.demand.by_cost.follow_guard(lambda now_ns: self.guard.plan(now_ns).tight)
         self.loads = LoadPlanner(state, evictions, self.guard)
         self.batches = BatchPlanner(state)
         self.strands = StrandCheck(state)

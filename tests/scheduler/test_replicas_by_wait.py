@@ -64,4 +64,3 @@ def test_a_replica_by_wait_takes_only_free_memory() -> None:
     # Device 1 has room for c alone: a replica of a would evict it, and the rule never evicts.
     _, loads = turned_away(3, other_pages=4)
     assert loads == []
-

@@ -24,6 +24,7 @@ POLICIES = ("clockwork", "infer5", "infer4", "triton", "clipper")
 VARIANTS: Mapping[str, tuple[str, Mapping[str, object]]] = {
     "clockwork-noguard": ("clockwork", {"guard_tight": False}),  # every device runs whole batches
     "clockwork-by-cost": ("clockwork", {"share_by_cost": True}),  # shares by what a rate costs (cost_shares.py)
+    "clockwork-by-wait": ("clockwork", {"replicas_by_wait": True}),  # replicas for turned-away requests (loads.py)
 }
 OUT = Path(os.environ.get("MAINSPRING_PAPER_OUT", "out/paper"))
 # 1x of Figs. 7-8's SLO sweeps in the authors' README; our profile's batch-1 time is 3.32 ms.

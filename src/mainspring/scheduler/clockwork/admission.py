@@ -53,6 +53,8 @@ class Admission:
         on_holder = min((self._completion_on(d, request, now_ns) for d in held), default=NEVER)
         if on_holder <= finish_by and (not self.config.share_admission or self._within_share(request, now_ns)):
             return None
+        if self.config.replicas_by_wait and held and on_holder > finish_by:
+            self._note_wait(request, now_ns)
         on_new = self._completion_after_load(request, now_ns, finish_by, needs_room=bool(held))
         if on_new <= finish_by:
             if held:
@@ -93,6 +95,19 @@ class Admission:
                 continue
             work += self._shapes.work_ns(other, queue.count, device.kind) // len(self.state.residency.holders[other])
         return work
+
+    def _note_wait(self, request: Request, now_ns: int) -> None:
+        """``request`` cannot finish in time on its model's holders: if a device without the model has a
+        lane free in time for it, its holders' queues made it wait, and it counts towards a replica
+        (``replicas_by_wait``)."""
+        model = request.model
+        for device in self.state.residency.devices:
+            if model in device.ready_ns:
+                continue
+            start = max(now_ns, device.exec_lane.free_ns)
+            if start + self._shapes.fastest_ns(model, device.kind) <= request.ready_by_ns:
+                self.state.demand.record_wait(model, now_ns)
+                return
 
     def _completion_after_load(self, request: Request, now_ns: int, finish_by_ns: int, needs_room: bool) -> int:
         """Best finish on a device not holding the model, after loading it. A replica

@@ -22,6 +22,11 @@ class ClockworkConfig:
     ``max_batch_size`` caps the profile's supported sizes.
     ``replica_min_demand``: unmet demand (share of one device's time) that earns a
     hot model another replica; below it, replicas would churn memory for little.
+    ``replicas_by_wait``: a model whose requests its holders turn away for their deadline, while a
+    device without it has a lane free in time for them, gets a replica once its holders turn away
+    ``replica_min_waits_per_s`` such requests a second (decayed over ``rate_memory_ms``); the replica
+    takes only free memory (``docs/scheduler/loads-and-evictions.md``, "Replicas by wait"). Off:
+    replicas only for demand beyond what the holders serve.
     ``min_share``: the share of its devices' time a model may always fill with queued
     work, however busy the other models are; beyond it a model only gets what the
     others' recent demand (remembered over ``rate_memory_ms``) leaves free. This is
@@ -102,6 +107,8 @@ class ClockworkConfig:
     max_batch_size: int = 16
     replication_check_ms: float = 10.0
     replica_min_demand: float = 0.05
+    replicas_by_wait: bool = False
+    replica_min_waits_per_s: float = 2.0
     min_share: float = 0.2
     max_batch_slo_fraction: float = 0.5
     share_admission: bool = True
@@ -141,6 +148,8 @@ class ClockworkConfig:
             problems.append(f"min_share={self.min_share} must lie in (0, 1], rate_memory_ms={self.rate_memory_ms} > 0")
         if self.share_steady_after_ms < 0:
             problems.append(f"share_steady_after_ms={self.share_steady_after_ms} must not be negative")
+        if self.replica_min_waits_per_s <= 0:
+            problems.append(f"replica_min_waits_per_s={self.replica_min_waits_per_s} must be positive")
         if self.popularity_memory_ms <= 0:
             problems.append(f"popularity_memory_ms={self.popularity_memory_ms} must be positive")
         if self.deadline_margin_ms < 0:

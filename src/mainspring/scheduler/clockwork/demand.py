@@ -11,7 +11,7 @@ from mainspring.scheduler.clockwork.shapes import BatchShapes
 from mainspring.scheduler.clockwork.tier_order import WatchedSet
 from mainspring.scheduler.clockwork.tracker import DeviceState
 from mainspring.scheduler.estimator import DecayingRate
-from mainspring.time import ms_to_ns
+from mainspring.time import NS_PER_S, ms_to_ns
 
 
 class RecentDemand:
@@ -28,6 +28,8 @@ class RecentDemand:
         self._popularity_ns = ms_to_ns(config.popularity_memory_ms)
         self._counts_popularity = False  # from when a pool fills (``pool_filled``)
         self.needs_replica = WatchedSet()  # held models with requests only a new replica can serve
+        # per model: requests its holders turned away that another device had time for
+        self._turned_from_holders: dict[str, DecayingRate] = {}
         # shares by the batch a model's rate fills (``share_by_cost``)
         self.by_cost = CostShares(config, residency, judged, self.arrivals_per_ns) if config.share_by_cost else None
 
@@ -35,6 +37,7 @@ class RecentDemand:
         self._arrivals.pop(model, None)
         self._popularity.pop(model, None)
         self.needs_replica.discard(model)
+        self._turned_from_holders.pop(model, None)
         if self.by_cost is not None:
             self.by_cost.forget(model)
 
@@ -54,6 +57,36 @@ class RecentDemand:
             device.demand.add(self._shapes.fastest_ns(model, device.kind) / len(holders), now_ns)
         if self.by_cost is not None:
             self.by_cost.record(model, slo_ns, now_ns)
+
+    def record_wait(self, model: str, now_ns: int) -> None:
+        """Remember that ``model``'s holders turned away a request that a device without it had time
+        for (``replicas_by_wait``)."""
+        waited = self._turned_from_holders.get(model)
+        if waited is None:
+            waited = self._turned_from_holders[model] = DecayingRate(self._memory_ns)
+        waited.add(NS_PER_S, now_ns)  # read as requests per second
+
+    @property
+    def waited(self) -> bool:
+        """Are turned-away requests (``record_wait``) still remembered for some model?"""
+        return bool(self._turned_from_holders)
+
+    def waits_at_least(self, per_s: float, now_ns: int) -> dict[str, float]:
+        """The models whose holders recently turned away at least ``per_s`` requests a second that
+        another device had time for (``record_wait``), with that rate; models whose rate decayed below
+        a hundredth of it are forgotten."""
+        found = {}
+        for model, waited in list(self._turned_from_holders.items()):
+            value = waited.value(now_ns)
+            if value >= per_s:
+                found[model] = value
+            elif value < per_s / 100:
+                del self._turned_from_holders[model]
+        return found
+
+    def replica_placed(self, model: str) -> None:
+        """A replica of ``model`` is on its way: the evidence against its former holders is spent."""
+        self._turned_from_holders.pop(model, None)
 
     def pool_filled(self) -> None:
         """A device's pool is full: from now on evictions weigh popularity, so count arrivals. With

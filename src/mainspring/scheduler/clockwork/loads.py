@@ -13,6 +13,9 @@ responsive device that lacks them):
 4. ``REPLICA``: held models whose demand their holders cannot serve, by load priority
    (demand minus what the holders serve, Clockwork's "demand minus capacity"), checked
    every ``replication_check_ms``.
+5. ``WAITED`` (``replicas_by_wait``): held models whose holders turned away requests that a device
+   without them had time for (``RecentDemand.record_wait``), the most such requests a second first;
+   also every ``replication_check_ms``, one replica at a time, in free memory only.
 
 Demand of a model is the share of a device its recent queued arrivals asked for; a device
 asked for more than all of its time serves each of its models proportionally less.
@@ -43,6 +46,7 @@ class Tier(enum.IntEnum):
     SPILL = 1
     TURNED_AWAY = 2
     REPLICA = 3
+    WAITED = 4
 
 
 class LoadPlanner:
@@ -71,7 +75,7 @@ class LoadPlanner:
 
     @property
     def wanted(self) -> bool:
-        return bool(self.state.queues or self.turned_away or self._guard.guarding)
+        return bool(self.state.queues or self.turned_away or self._guard.guarding or self.state.demand.waited)
 
     def plan(self, now_ns: int) -> Iterator[PlannedLoad]:
         """On every device whose load lane frees within the horizon, the model most in need: each load
@@ -100,6 +104,7 @@ class LoadPlanner:
                 tier, model, victims = found
                 yield device, model, victims
                 self.state.demand.needs_replica.discard(model)
+                self.state.demand.replica_placed(model)
                 issued.setdefault(tier, set()).add(model)
 
     def _guard_home(
@@ -138,6 +143,10 @@ class LoadPlanner:
                     continue
                 if tier is Tier.REPLICA and device_load.get(device.spec.device, 0.0) >= 1.0:
                     continue
+                if tier is Tier.WAITED:  # for later requests, not the queued ones; never evicts
+                    if device.free_pages >= self.state.pages_on(model, device):
+                        return tier, model, []
+                    continue
                 queued = model in self.state.queues
                 if queued and not self._can_help(device, model, now_ns):
                     continue
@@ -160,14 +169,29 @@ class LoadPlanner:
             return tiers, device_load  # a replica needs a second device: no demand to weigh
         if now_ns - self._last_replication_check_ns >= ms_to_ns(self.config.replication_check_ms):
             self._last_replication_check_ns = now_ns
-            if not self._replica_room(free(), now_ns):
-                return tiers, device_load
-            priorities, device_load = self.load_priorities(now_ns)
-            threshold = self.config.replica_min_demand
-            holders = self.state.residency.holders
-            ranked = sorted((-p, m) for m, p in priorities.items() if p >= threshold and m in holders)
-            tiers.append((Tier.REPLICA, [(rank, model) for rank, (_, model) in enumerate(ranked)]))
+            waited = self._waited(now_ns) if self.config.replicas_by_wait else None
+            if self._replica_room(free(), now_ns):
+                priorities, device_load = self.load_priorities(now_ns)
+                threshold = self.config.replica_min_demand
+                holders = self.state.residency.holders
+                ranked = sorted((-p, m) for m, p in priorities.items() if p >= threshold and m in holders)
+                tiers.append((Tier.REPLICA, [(rank, model) for rank, (_, model) in enumerate(ranked)]))
+            if waited:
+                tiers.append((Tier.WAITED, waited))
         return tiers, device_load
+
+    def _waited(self, now_ns: int) -> list[tuple[int, str]]:
+        """The ``WAITED`` tier: held models whose holders turned away at least ``replica_min_waits_per_s``
+        requests a second that a device without them had time for, the most first; not while a replica
+        of the model is loading (its effect on the waits is not seen yet)."""
+        residency = self.state.residency
+        waits = self.state.demand.waits_at_least(self.config.replica_min_waits_per_s, now_ns)
+        ranked = sorted(
+            (-share, model)
+            for model, share in waits.items()
+            if model in residency.holders and not any(model in d.loading for d in residency.holding(model))
+        )
+        return [(rank, model) for rank, (_, model) in enumerate(ranked)]
 
     def _urgent(self) -> Tiers:
         """The ``COLD`` and ``SPILL`` tiers, in load order (``TierOrder``'s lists themselves: nothing

@@ -77,9 +77,9 @@ class SortingLoads(LoadPlanner):
         return True
 
     def _urgent(self) -> Tiers:
-        cold = sorted((self._latest_load_start(m), m) for m in self.state.residency.cold)
+        cold = sorted((self._load_order_key(m), m) for m in self.state.residency.cold)
         spill = [m for m in self.state.demand.needs_replica if m in self.state.queues]
-        return [(Tier.COLD, cold), (Tier.SPILL, sorted((self._latest_load_start(m), m) for m in spill))]
+        return [(Tier.COLD, cold), (Tier.SPILL, sorted((self._load_order_key(m), m) for m in spill))]
 
 
 class WeighingEveryQueue(BatchPlanner):

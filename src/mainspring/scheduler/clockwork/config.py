@@ -91,6 +91,12 @@ class ClockworkConfig:
     filled for nothing, or one batch instead of two); never past what the head's deadline allows
     (None: never wait, as Clockwork). The wait pays in expectation only from that rate up
     (``docs/scheduler/batching.md``, "Waiting for one more request").
+    ``loads_by_need``: cold models (and models that need a replica to serve their queued requests)
+    load in order of when their weights must be in place, their most urgent request's ready-by less
+    its fastest infer; off: of the latest start of their load, which takes the load's own time off
+    too. While every load fits both orders meet every deadline; past a saturated load lane the
+    latest start puts the longest loads first, each serving no more requests than a short one
+    (``docs/scheduler/loads-and-evictions.md``, "Cold loads in order of need").
     ``guard_tight``: keep devices responsive for models whose SLO a looser model's batch would break
     (``guard.py``; off: every device runs the least-slack batch whole, as Clockwork).
     ``guard_utilization``: the share of a responsive device the tight models' recent work may fill;
@@ -134,6 +140,7 @@ class ClockworkConfig:
     evict_by_popularity: bool = True
     popularity_memory_ms: float = 10_000.0
     gather_max_ms: float | None = 10.0
+    loads_by_need: bool = True
     guard_tight: bool = True
     guard_utilization: float = 0.5
     guard_room: int = 2

@@ -4,7 +4,7 @@ Candidates come in tiers (``Tier``), loaded in that order on every device whose 
 lane frees within the horizon (ahead of them all, the tight models ``TightClassGuard`` wants on a
 responsive device that lacks them):
 
-1. ``COLD``: queued models held nowhere, the most urgent (latest possible load start) first;
+1. ``COLD``: queued models held nowhere, the most urgent (weights needed soonest: ``loads_by_need``) first;
    each stands for requests that cannot be served at all without it.
 2. ``SPILL``: held models with requests admitted because a new replica could serve them
    in time (``RecentDemand.needs_replica``), the most urgent first.
@@ -59,17 +59,17 @@ class LoadPlanner:
         self._guard = guard
         state.queue_closed_listeners.append(self.queue_closed)
         self.turned_away: set[str] = set()  # models held nowhere whose requests were rejected
-        self._latest_start: dict[str, tuple[int, int]] = {}  # model -> (head request, latest load start)
+        self._order_key: dict[str, tuple[int, int]] = {}  # model -> (head request, its key in the tiers' order)
         self._last_replication_check_ns = -NEVER
-        self._cold = TierOrder(state.residency.cold, state.queues, self._latest_load_start)
-        self._spill = TierOrder(state.demand.needs_replica, state.queues, self._latest_load_start)
+        self._cold = TierOrder(state.residency.cold, state.queues, self._load_order_key)
+        self._spill = TierOrder(state.demand.needs_replica, state.queues, self._load_order_key)
 
     def forget(self, model: str) -> None:
         self.turned_away.discard(model)
         self.queue_closed(model)
 
     def queue_closed(self, model: str) -> None:
-        self._latest_start.pop(model, None)
+        self._order_key.pop(model, None)
         self._cold.forget(model)
         self._spill.forget(model)
 
@@ -202,21 +202,24 @@ class LoadPlanner:
         head_moved.clear()
         return [(Tier.COLD, self._cold.order), (Tier.SPILL, self._spill.order)]
 
-    def _latest_load_start(self, model: str) -> int:
-        """Latest time a load of ``model`` may start and still serve its most urgent request
-        (on the fastest kind). Cached per head request: the tiers are ordered by it (``TierOrder``)."""
+    def _load_order_key(self, model: str) -> int:
+        """When the weights of ``model`` must be in place to serve its most urgent request (on the
+        fastest kind), or with ``loads_by_need`` off the latest start of a load that still does.
+        Cached per head request: the tiers are ordered by it (``TierOrder``)."""
         head = self.state.queues[model].head()
         if head is None:
             return NEVER
-        cached = self._latest_start.get(model)
+        cached = self._order_key.get(model)
         if cached is not None and cached[0] == head.id:
             return cached[1]
-        shapes = self.state.shapes
-        estimator = shapes.estimator
-        need = min(estimator.load_ns(model, k) + shapes.fastest_ns(model, k) for k in self.state.residency.kinds)
-        latest = head.ready_by_ns - need
-        self._latest_start[model] = (head.id, latest)
-        return latest
+        shapes, kinds = self.state.shapes, self.state.residency.kinds
+        if self.config.loads_by_need:
+            need = min(shapes.fastest_ns(model, k) for k in kinds)
+        else:
+            need = min(shapes.estimator.load_ns(model, k) + shapes.fastest_ns(model, k) for k in kinds)
+        key = head.ready_by_ns - need
+        self._order_key[model] = (head.id, key)
+        return key
 
     # --- replicas -------------------------------------------------------------------------------
     def load_priorities(self, now_ns: int) -> tuple[dict[str, float], dict[int, float]]:

@@ -176,10 +176,25 @@ class RayPlacer:
             # As ray.init() does when given no address: this server's own instance, stopped with it.
             log.info("no Ray cluster is running here: starting a local one, which stops with this server "
                      "(`ray start --head` keeps one across restarts)")  # fmt: skip
-            ray.init(include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **options)
+            self._start_local(ray, options)
         for actor in (WorkerActor, CellActor):
             self._actors[actor.__name__] = ray.remote(max_restarts=0, max_concurrency=2)(actor)
         self._thread.start()
+
+    @staticmethod
+    def _start_local(ray: Any, options: dict[str, Any]) -> None:
+        """A local instance, as ``ray.init()`` starts one; once more if its raylet never registered. Ray forks
+        its processes from this one, which runs other threads by then (the frontends, the hub), and the raylet's
+        child rarely hangs before it runs (no raylet log is ever written): Ray then gives up after 30 s."""
+        for attempt in (1, 2):
+            try:
+                ray.init(include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **options)
+                return
+            except Exception as error:
+                if attempt == 2 or "timed out during startup" not in str(error):
+                    raise
+                log.warning("the local Ray instance did not start (%s); starting it again", error)
+                ray.shutdown()
 
     def stop_placing(self) -> None:
         self._stop.set()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Iterator, Sequence
 
 from mainspring.models.profile import ModelProfile
-from mainspring.protocol import CPU_KIND, Action, ActionResult, ActionStatus, Request, Timing
+from mainspring.protocol import CPU_KIND, Action, ActionResult, ActionStatus, LoadWeights, Request, Response, Timing
 from mainspring.protocol.pages import MIB
-from mainspring.scheduler.base import Decisions
+from mainspring.scheduler.base import Decisions, Scheduler
 from mainspring.time import NS_PER_MS, ms_to_ns
 from mainspring.workload.base import Arrival, Workload
 
@@ -102,3 +103,29 @@ class FixedArrivals(Workload):
 
     def arrivals(self, models: Sequence[ModelProfile], duration_ns: int, rng: random.Random) -> Iterator[Arrival]:
         return iter([a for a in self._arrivals if a.time_ns < duration_ns])
+
+
+def run_one_device(policy: Scheduler, start_ns: int, until_ns: int) -> tuple[list[Action], list[Response]]:
+    """Drive ``policy`` on device 0 from ``start_ns`` to ``until_ns``: each action runs exactly as predicted,
+    from the later of its earliest start and the time its lane (load or exec) frees; ``schedule`` is called
+    at each wakeup and each result. Returns every action sent and every response given, in order."""
+    actions: list[Action] = []
+    responses: list[Response] = []
+    results: list[tuple[int, int, int]] = []  # (end, action id, begin): the device's results, in time order
+    lanes = {"load": 0, "exec": 0}  # when each lane of the device frees
+    now = start_ns
+    while now < until_ns:
+        while results and results[0][0] <= now:
+            end, action_id, begin = heapq.heappop(results)
+            policy.on_result(ok(action_id, 0, begin, end), end)
+        decisions = policy.schedule(now)
+        responses += decisions.responses
+        for action in decisions.actions:
+            lane = "load" if isinstance(action, LoadWeights) else "exec"
+            begin = max(now, action.earliest_ns, lanes[lane])
+            lanes[lane] = begin + action.expected_duration_ns
+            heapq.heappush(results, (lanes[lane], action.action_id, begin))
+            actions.append(action)
+        wakeup = decisions.wakeup_ns if decisions.wakeup_ns is not None else until_ns
+        now = max(now + 1, min(wakeup, results[0][0]) if results else wakeup)
+    return actions, responses

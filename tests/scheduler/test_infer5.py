@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import heapq
-
 from mainspring.protocol import DeviceSpec, Infer, LoadWeights, Outcome
 from mainspring.scheduler.base import Decisions
 from mainspring.scheduler.infer5 import Infer5Scheduler
 from mainspring.scheduler.infer5.tracker import TRACKER_LAG_NS
 from mainspring.time import NS_PER_MS
-from tests.fakes import PAGE, ok, profile, request
+from tests.fakes import PAGE, ok, profile, request, run_one_device
 
 MS = NS_PER_MS
 SIZES_MS = {1: 2.0, 2: 3.0, 4: 5.0, 8: 9.0, 16: 17.0}
@@ -167,27 +165,9 @@ def test_a_request_runs_on_its_load_demand_after_its_weights_deadline_passed() -
     policy = Infer5Scheduler(profiles, [DeviceSpec(0, "v100", 20 * PAGE, PAGE)])
     policy.on_request(request(0, "x", 0), 0)
     policy.on_request(request(1, "b", MS), MS)
-    loads: list[LoadWeights] = []
-    served: list[int] = []
-    results: list[tuple[int, int, int]] = []  # (end, action id, begin): the device's results, in time order
-    lanes = {"load": 0, "exec": 0}  # when each lane of the device frees
-    now = MS
-    while now < 100 * MS:
-        while results and results[0][0] <= now:
-            end, action_id, begin = heapq.heappop(results)
-            policy.on_result(ok(action_id, 0, begin, end), end)
-        decisions = policy.schedule(now)
-        for action in decisions.actions:
-            lane = "load" if isinstance(action, LoadWeights) else "exec"
-            begin = max(now, action.earliest_ns, lanes[lane])
-            lanes[lane] = begin + action.expected_duration_ns
-            heapq.heappush(results, (lanes[lane], action.action_id, begin))
-            if isinstance(action, LoadWeights):
-                loads.append(action)
-            elif isinstance(action, Infer):
-                served += action.request_ids
-        wakeup = decisions.wakeup_ns if decisions.wakeup_ns is not None else 100 * MS
-        now = min(wakeup, results[0][0]) if results else wakeup
+    actions, _ = run_one_device(policy, MS, 100 * MS)
+    loads = [a for a in actions if isinstance(a, LoadWeights)]
+    served = [i for a in actions if isinstance(a, Infer) for i in a.request_ids]
     assert [load.model for load in loads] == ["x", "b"]
     assert loads[1].earliest_ns > 26 * MS  # decided after b's weights deadline (1 ms + 25 ms)
     assert 1 in served

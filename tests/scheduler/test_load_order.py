@@ -4,12 +4,10 @@ model's weights must be in place."""
 
 from __future__ import annotations
 
-import heapq
-
 from mainspring.protocol import DeviceSpec, LoadWeights, ResponseStatus
 from mainspring.scheduler.clockwork import ClockworkConfig, ClockworkScheduler
 from mainspring.time import NS_PER_MS
-from tests.fakes import PAGE, ok, profile, request
+from tests.fakes import PAGE, profile, request, run_one_device
 
 MS = NS_PER_MS
 # One slow model (a 40 ms load) and three quick ones (10 ms); each runs a batch of one in 2 ms.
@@ -28,32 +26,9 @@ def run(loads_by_need: bool) -> tuple[list[str], set[str]]:
     models = list(PROFILES)  # request i is to models[i]
     for i, model in enumerate(models):
         policy.on_request(request(i, model, 0, slo_ms=60 if model == "slow" else 45), 0)
-    loaded: list[str] = []
-    served: set[str] = set()
-    pending: list[tuple[int, int, int]] = []  # (end, action id, begin) of the actions sent
-    lane_free = {"load": 0, "exec": 0}
-    now = 0
-    while now <= 100 * MS:
-        decisions = policy.schedule(now)
-        for response in decisions.responses:
-            if response.status is ResponseStatus.SUCCESS:
-                served.add(models[response.request_id])
-        for action in decisions.actions:
-            lane = "load" if isinstance(action, LoadWeights) else "exec"
-            begin = max(now, action.earliest_ns, lane_free[lane])
-            lane_free[lane] = begin + action.expected_duration_ns
-            heapq.heappush(pending, (lane_free[lane], action.action_id, begin))
-            if isinstance(action, LoadWeights):
-                loaded.append(action.model)
-        due = [decisions.wakeup_ns] if decisions.wakeup_ns is not None else []
-        if pending:
-            due.append(pending[0][0])
-        if not due:
-            break
-        now = max(now + 1, min(due))
-        while pending and pending[0][0] <= now:
-            end, action_id, begin = heapq.heappop(pending)
-            policy.on_result(ok(action_id, 0, begin, end), end)
+    actions, responses = run_one_device(policy, 0, 100 * MS)
+    loaded = [a.model for a in actions if isinstance(a, LoadWeights)]
+    served = {models[r.request_id] for r in responses if r.status is ResponseStatus.SUCCESS}
     return loaded, served
 
 

@@ -37,17 +37,23 @@ def with_frontends(test: Callable[[ControllerService, int, int], Awaitable[None]
     limits ``limits``, before the live service with an emulated worker serving echo models ``a`` and ``b``."""
 
     async def serve(service: ControllerService, _: DataPlane, __: InProcessWorker) -> None:
-        http_port, grpc_port = free_ports(2)
-        plane = DataPlane(service, limits=RequestLimits(**limits))
-        runner = await start_http(plane, "127.0.0.1", http_port)
-        grpc_server = await start_grpc(plane, f"127.0.0.1:{grpc_port}")
-        try:
-            await test(service, http_port, grpc_port)
-        finally:
-            await grpc_server.stop(0.5)
-            await runner.cleanup()
+        await on_frontends(service, DataPlane(service, limits=RequestLimits(**limits)), test)
 
     with_service(serve)
+
+
+async def on_frontends(
+    service: ControllerService, plane: DataPlane, test: Callable[[ControllerService, int, int], Awaitable[None]]
+) -> None:
+    """``test(service, http_port, grpc_port)`` with ``plane``'s HTTP and gRPC frontends on free loopback ports."""
+    http_port, grpc_port = free_ports(2)
+    runner = await start_http(plane, "127.0.0.1", http_port)
+    grpc_server = await start_grpc(plane, f"127.0.0.1:{grpc_port}")
+    try:
+        await test(service, http_port, grpc_port)
+    finally:
+        await grpc_server.stop(0.5)
+        await runner.cleanup()
 
 
 def with_http(test: Callable[[ControllerService, int], Awaitable[None]], **limits: Any) -> None:

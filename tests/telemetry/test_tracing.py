@@ -24,15 +24,14 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from mainspring.controller.service import ControllerService
 from mainspring.frontend.dataplane import DataPlane, Tensor
-from mainspring.frontend.grpc import start_grpc
-from mainspring.frontend.http import start_http
 from mainspring.serving.config import load_config
 from mainspring.telemetry.tracing import Tracing, parent_context
 from mainspring.transport.frontend_messages import Submit, decode_frontend
 from mainspring.worker.inprocess import InProcessWorker
 from tests.controller.test_service import with_service
 from tests.fakes import profile
-from tests.serving.processes import free_ports, http_call
+from tests.frontend.test_connections import on_frontends
+from tests.serving.processes import http_call
 from tests.telemetry.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -61,15 +60,7 @@ def traced_service(
     traces (one process, one tracer), with an emulated worker of two devices serving ``PROFILES``."""
 
     async def serve(service: ControllerService, _: DataPlane, __: InProcessWorker) -> None:
-        http_port, grpc_port = free_ports(2)
-        plane = DataPlane(service, tracing=tracing)
-        runner = await start_http(plane, "127.0.0.1", http_port)
-        grpc_server = await start_grpc(plane, f"127.0.0.1:{grpc_port}")
-        try:
-            await test(service, http_port, grpc_port)
-        finally:
-            await grpc_server.stop(0.5)
-            await runner.cleanup()
+        await on_frontends(service, DataPlane(service, tracing=tracing), test)
 
     try:
         with_service(serve, profiles=PROFILES, tracing=tracing, **options)
